@@ -1,0 +1,3 @@
+"""gradleak: how much private text leaks from federated fine-tuning updates."""
+
+__version__ = "0.1.0"
