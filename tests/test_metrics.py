@@ -1,0 +1,189 @@
+"""Metric tests on hand-made pairs; every expected value is worked out by hand in a comment."""
+
+import json
+
+import pytest
+
+from gradleak.errors import GradleakError
+from gradleak.metrics import (
+    PaperResult,
+    StrictResult,
+    aggregate,
+    paper_scores,
+    round_metrics,
+    strict_scores,
+    strip_special_tokens,
+)
+
+BERT_SPECIALS = ("[CLS]", "[SEP]", "[PAD]")
+CAT = "the cat sat on the mat"
+CAT_LAY = "the cat lay on a mat"
+DOG = "a dog ran in the park"
+
+
+def test_identical_strings_score_100_everywhere() -> None:
+    strict = strict_scores([CAT, DOG], [CAT, DOG])
+    assert strict.means == pytest.approx(
+        {"rouge1": 100, "rouge2": 100, "rougeL": 100, "token_accuracy": 100, "exact_match": 100}
+    )
+    assert strict.matching == [0, 1]
+    paper = paper_scores([CAT, DOG], [CAT, DOG])
+    assert dict(paper) == pytest.approx({"rouge1": 100, "rouge2": 100, "rougeL": 100})
+
+
+def test_special_tokens_count_in_paper_but_not_in_strict() -> None:
+    pred, ref = "[CLS] the cat sat [SEP]", "[CLS] a dog ran [SEP]"
+    strict = strict_scores([pred], [ref], special_tokens=BERT_SPECIALS)
+    assert strict.means == pytest.approx(dict.fromkeys(strict.means, 0.0))
+    assert strict.pairs[0].prediction == "the cat sat"
+    assert strict.pairs[0].reference == "a dog ran"
+    # paper: "cls the cat sat sep" vs "cls a dog ran sep": 2 of 5 unigrams shared -> F 2/5;
+    # no shared bigram; LCS "cls sep" = 2 -> F 2/5.
+    paper = paper_scores([pred], [ref])
+    assert paper["rouge1"] == pytest.approx(40.0)
+    assert paper["rouge2"] == pytest.approx(0.0)
+    assert paper["rougeL"] == pytest.approx(40.0)
+
+
+def test_strip_special_tokens() -> None:
+    assert strip_special_tokens("<s>hello</s><|endoftext|>", ("<s>", "</s>", "<|endoftext|>")) == (
+        "hello"
+    )
+    assert strip_special_tokens("[CLS]the cat [PAD] [PAD]", BERT_SPECIALS) == "the cat"
+    assert strip_special_tokens("  a   b ", ()) == "a b"
+
+
+def test_swapped_batch_is_matched_back_in_strict_but_not_in_paper() -> None:
+    refs = [CAT, DOG]
+    preds = [DOG, CAT]
+    strict = strict_scores(preds, refs)
+    assert strict.matching == [1, 0]
+    assert strict.means["rouge1"] == pytest.approx(100.0)
+    assert strict.means["exact_match"] == pytest.approx(100.0)
+    # paper pairs DOG with CAT: only "the" shared (once, clipped) -> P = R = 1/6; no bigram;
+    # LCS 1 -> 1/6.
+    paper = paper_scores(preds, refs)
+    assert paper["rouge1"] == pytest.approx(100 / 6)
+    assert paper["rouge2"] == pytest.approx(0.0)
+    assert paper["rougeL"] == pytest.approx(100 / 6)
+
+
+def test_known_partial_pair() -> None:
+    # pred "the cat sat on the mat" / ref "the cat lay on a mat", 6 words each.
+    # R1: clipped overlap the(1) cat on mat = 4 -> P = R = 4/6 -> F = 2/3.
+    # R2: bigrams shared: "the cat" only, of 5 each -> F = 1/5.
+    # RL: LCS "the cat on mat" = 4 -> F = 2/3.
+    # words position by position: the cat (sat|lay) on (the|a) mat -> 4/6.
+    strict = strict_scores([CAT], [CAT_LAY])
+    pair = strict.pairs[0]
+    assert pair.rouge1 == pytest.approx(200 / 3)
+    assert pair.rouge2 == pytest.approx(20.0)
+    assert pair.rougeL == pytest.approx(200 / 3)
+    assert pair.token_accuracy == pytest.approx(200 / 3)
+    assert pair.exact_match == 0.0
+    paper = paper_scores([CAT], [CAT_LAY])
+    assert paper.means == pytest.approx({"rouge1": 200 / 3, "rouge2": 20.0, "rougeL": 200 / 3})
+
+
+def test_token_accuracy_with_ids() -> None:
+    # reference 4 ids; prediction right at positions 0 and 2, missing position 3 -> 2/4.
+    result = strict_scores(["x"], ["x"], prediction_ids=[[5, 9, 7]], reference_ids=[[5, 6, 7, 8]])
+    assert result.pairs[0].token_accuracy == pytest.approx(50.0)
+    assert result.pairs[0].exact_match == 0.0
+    # a longer prediction gets every reference position right but is not an exact match
+    result = strict_scores(
+        ["x"], ["x"], prediction_ids=[[5, 6, 7, 8, 9]], reference_ids=[[5, 6, 7, 8]]
+    )
+    assert result.pairs[0].token_accuracy == pytest.approx(100.0)
+    assert result.pairs[0].exact_match == 0.0
+    result = strict_scores(["x"], ["x"], prediction_ids=[[5, 6]], reference_ids=[[5, 6]])
+    assert result.pairs[0].exact_match == 100.0
+
+
+def test_ids_follow_the_matching() -> None:
+    # swapped order: prediction 1 is matched to reference 0, so its ids are compared.
+    result = strict_scores(
+        [DOG, CAT],
+        [CAT, DOG],
+        prediction_ids=[[2, 2], [1, 1, 1]],
+        reference_ids=[[1, 1, 9], [2, 2]],
+    )
+    assert result.matching == [1, 0]
+    assert [p.token_accuracy for p in result.pairs] == pytest.approx([200 / 3, 100.0])
+
+
+def test_token_accuracy_with_words_and_exact_match() -> None:
+    # words lowercased and whitespace-split: "the cat" == "the cat"; "sat." != "sat" -> 2/3.
+    result = strict_scores(["The  Cat sat."], ["the cat sat"])
+    assert result.pairs[0].token_accuracy == pytest.approx(200 / 3)
+    assert result.pairs[0].exact_match == 0.0
+    # exact match ignores case and whitespace runs and removed special tokens
+    result = strict_scores(["[CLS] The  Cat sat [SEP]"], ["the cat sat"], BERT_SPECIALS)
+    assert result.pairs[0].exact_match == 100.0
+    assert result.pairs[0].token_accuracy == 100.0
+
+
+def test_count_mismatch_leaves_reference_unmatched_with_zero() -> None:
+    result = strict_scores([CAT], [DOG, CAT])
+    assert result.matching == [None, 0]
+    assert result.pairs[0].scores() == dict.fromkeys(result.pairs[0].scores(), 0.0)
+    assert result.pairs[1].rouge1 == pytest.approx(100.0)
+    assert result.means["rouge1"] == pytest.approx(50.0)
+    # more predictions than references: the best one is used, each reference counted once
+    result = strict_scores([DOG, CAT, "zzz"], [CAT])
+    assert result.matching == [1]
+    assert result.means["exact_match"] == 100.0
+
+
+def test_empty_prediction_scores_zero() -> None:
+    result = strict_scores([""], [CAT])
+    assert result.means == pytest.approx(dict.fromkeys(result.means, 0.0))
+    assert dict(paper_scores([""], [CAT])) == pytest.approx({"rouge1": 0, "rouge2": 0, "rougeL": 0})
+    result = strict_scores([], [CAT])
+    assert result.matching == [None]
+    assert paper_scores([], [CAT])["rouge1"] == 0.0
+
+
+def test_no_references_raises() -> None:
+    with pytest.raises(GradleakError, match="no references to score"):
+        strict_scores(["a"], [])
+    with pytest.raises(GradleakError, match="no references to score"):
+        paper_scores(["a"], [])
+    with pytest.raises(GradleakError, match="no references to score"):
+        aggregate([], [])
+
+
+def test_ids_count_must_match_texts() -> None:
+    with pytest.raises(GradleakError, match="prediction_ids"):
+        strict_scores(["a", "b"], ["a"], prediction_ids=[[1]], reference_ids=[[1]])
+
+
+def test_aggregate_weights_by_reference() -> None:
+    # batch A: 1 identical pair -> R1 100.
+    # batch B: 2 refs, 1 prediction: CAT_LAY gets CAT (R1 200/3), "x y z" unmatched (0).
+    # run-level R1 = (100 + 200/3 + 0) / 3 = 500/9, not the mean of batch means (250/3).
+    strict_a = strict_scores([CAT], [CAT])
+    strict_b = strict_scores([CAT], [CAT_LAY, "x y z"])
+    paper_a = paper_scores([CAT], [CAT])
+    paper_b = paper_scores([CAT], [CAT_LAY, "x y z"])
+    run = aggregate([strict_a, strict_b], [paper_a, paper_b])
+    assert set(run) == {"strict", "paper"}
+    assert set(run["strict"]) == {"rouge1", "rouge2", "rougeL", "token_accuracy", "exact_match"}
+    assert run["strict"]["rouge1"] == pytest.approx(500 / 9)
+    assert run["strict"]["rouge2"] == pytest.approx(120 / 3)  # (100 + 20 + 0) / 3
+    assert run["strict"]["exact_match"] == pytest.approx(100 / 3)
+    assert run["paper"] == pytest.approx({"rouge1": 500 / 9, "rouge2": 40.0, "rougeL": 500 / 9})
+    assert round_metrics(run)["strict"]["rouge1"] == 55.56
+
+
+def test_results_round_trip_through_json() -> None:
+    strict = strict_scores(
+        [DOG, CAT], [CAT, DOG, "x"], prediction_ids=[[1], [2]], reference_ids=[[2], [1], [3]]
+    )
+    paper = paper_scores([DOG, CAT], [CAT, DOG])
+    strict_back = StrictResult.from_dict(json.loads(json.dumps(strict.to_dict())))
+    paper_back = PaperResult.from_dict(json.loads(json.dumps(paper.to_dict())))
+    assert strict_back == strict
+    assert paper_back.means == paper.means
+    assert aggregate([strict.to_dict()], [paper.to_dict()]) == aggregate([strict], [paper])
+    json.dumps(aggregate([strict], [paper]))
