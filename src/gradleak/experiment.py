@@ -1,0 +1,239 @@
+"""One run, end to end: scenario -> client update -> attack -> evaluation -> result record.
+
+Data flows one way. The private batch goes to the client and, after the attack, to the
+evaluator; the attack gets only the update and the server's knowledge.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gradleak import __version__, metrics
+from gradleak.attacks import AttackFailed, make_attack
+from gradleak.config import RunConfig
+from gradleak.data import DATASETS, FILE_PREFIX, Example, load_examples, sample_batches
+from gradleak.environment import machine, versions
+from gradleak.errors import GradleakError
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.server import server_knowledge
+from gradleak.models.registry import Victim, load_victim
+from gradleak.models.tasks import encode_examples
+from gradleak.store import ResultStore
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+def derived_seed(seed: int, index: int, stream: int) -> int:
+    """Independent, reproducible seeds per input for the client (0) and the attack (1)."""
+    return (seed * 1_000_003 + index * 7919 + stream) % (2**63)
+
+
+def default_task(dataset: str, examples: list[Example]) -> str:
+    if dataset.startswith(FILE_PREFIX):
+        if any(ex.context is not None for ex in examples):
+            return "qa"
+        return "classification" if all(ex.label is not None for ex in examples) else "causal_lm"
+    return DATASETS[dataset].task
+
+
+def scenario_label(config: RunConfig) -> str:
+    """Wang & Li's names: EVAL (client in eval mode, the old shortcut), TRAIN (client and
+    attacker in train mode), TRAIN_EVAL (client in train mode, attacker in eval mode)."""
+    if config.protocol.mode == "eval":
+        return "EVAL"
+    attacker = config.attack_settings.attacker_mode or "eval"
+    return "TRAIN" if attacker == "train" else "TRAIN_EVAL"
+
+
+def describe_scenario(config: RunConfig, dropout: float) -> dict[str, Any]:
+    p = config.protocol
+    label = scenario_label(config)
+    if p.algorithm == "fedsgd":
+        rounds = "FedSGD (one gradient)"
+    else:
+        rounds = (
+            f"FedAvg (E={p.epochs}, b={p.local_batch_size or config.batch_size}, "
+            f"lr={p.lr}, {p.optimizer})"
+        )
+    active = f"dropout {dropout:g}" if p.mode == "train" else "dropout off"
+    parts = [rounds, f"client in {p.mode} mode ({active})"]
+    if p.lora:
+        parts.append(f"LoRA r={p.lora.rank}")
+    if p.freeze_embeddings:
+        parts.append("frozen embeddings")
+    if p.share != "all":
+        parts.append(f"sharing {p.share}")
+    text = ", ".join(parts)
+    if p.mode == "eval":
+        text += " [EVAL shortcut: a real client trains in train mode]"
+    return {"label": label, "realistic": p.mode == "train", "text": text}
+
+
+@dataclass
+class Prepared:
+    """What a run loads once before attacking its inputs."""
+
+    victim: Victim
+    global_model: GlobalModel
+    batches: list[list[Example]]
+    task: str
+    load_s: float
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Load data, model and attack settings; every user error surfaces here, before any work."""
+    start = time.perf_counter()
+    examples = load_examples(config.dataset, config.data_dir, config.split, config.encoding)
+    batches = sample_batches(examples, config.n_inputs, config.batch_size, seed=config.sample_seed)
+    task = config.task or default_task(config.dataset, examples)
+    make_attack(config.attack, **config.attack_settings.model_dump())  # validate early
+    victim = load_victim(config.model, task, seed=config.seed)
+    if task == "causal_lm" and not victim.is_decoder:
+        raise GradleakError(
+            f"task causal_lm needs a decoder model (smollm2, tiny-gpt2, tiny-llama); "
+            f"{config.model} is an encoder: use --task classification"
+        )
+    global_model = GlobalModel.build(victim, config.protocol, seed=config.seed)
+    return Prepared(victim, global_model, batches, task, time.perf_counter() - start)
+
+
+def attack_one(
+    config: RunConfig, prepared: Prepared, index: int, batch_examples: list[Example]
+) -> dict[str, Any]:
+    """Run the client's round on one private batch, attack it, and score the result."""
+    victim, gm = prepared.victim, prepared.global_model
+    tokenizer = victim.tokenizer
+    batch = encode_examples(
+        tokenizer,
+        batch_examples,
+        prepared.task,
+        victim.adapter.max_positions(victim.model),
+        config.max_tokens,
+    )
+    update = compute_update(gm, batch, seed=derived_seed(config.seed, index, 0))
+    knowledge = server_knowledge(gm, batch, config.known_labels, config.known_lengths)
+    attack = make_attack(config.attack, **config.attack_settings.model_dump())
+    attack.check(update, knowledge)
+    references_ids = [
+        row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)
+    ]
+    del batch  # from here on only the evaluator holds the ground truth (references_ids)
+    start = time.perf_counter()
+    try:
+        reconstruction = attack.run(update, knowledge, seed=derived_seed(config.seed, index, 1))
+    except AttackFailed as exc:
+        return {"index": index, "error": str(exc), "attack_s": time.perf_counter() - start}
+    attack_s = time.perf_counter() - start
+    return evaluate(index, tokenizer, references_ids, reconstruction.token_ids) | {
+        "labels": [ex.label for ex in batch_examples],
+        "attack_s": attack_s,
+        "info": reconstruction.info,
+    }
+
+
+def evaluate(index: int, tokenizer, references_ids, predictions_ids) -> dict[str, Any]:
+    """Score one batch: strict (specials removed, Hungarian matching) and paper-compatible."""
+    special = set(tokenizer.all_special_ids)
+
+    def clean(ids: list[int]) -> list[int]:
+        return [t for t in ids if t not in special]
+
+    references = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in references_ids]
+    predictions = [
+        tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in predictions_ids
+    ]
+    strict = metrics.strict_scores(
+        predictions,
+        references,
+        special_tokens=tokenizer.all_special_tokens,
+        prediction_ids=[clean(ids) for ids in predictions_ids],
+        reference_ids=[clean(ids) for ids in references_ids],
+    )
+    paper = metrics.paper_scores(
+        [tokenizer.decode(ids) for ids in predictions_ids],
+        [tokenizer.decode(ids) for ids in references_ids],
+    )
+    return {
+        "index": index,
+        "reference": references,
+        "prediction": predictions,
+        "exact": [pair.exact_match == 100.0 for pair in strict.pairs],
+        "strict": strict.to_dict(),
+        "paper": paper.to_dict(),
+    }
+
+
+def run(config: RunConfig, out: str | None = None, progress: Progress | None = None) -> dict:
+    """Run ``config`` and return its result record (also written to ``out`` when given)."""
+    total_start = time.perf_counter()
+    store = ResultStore(out, config.identity())
+    finished = store.load_finished()
+    prepared = prepare(config)
+    store.start()
+    samples: list[dict[str, Any]] = []
+    update_and_attack_s = 0.0
+    for index, batch_examples in enumerate(prepared.batches):
+        if index in finished:
+            sample = finished[index]
+        else:
+            step_start = time.perf_counter()
+            sample = attack_one(config, prepared, index, batch_examples)
+            update_and_attack_s += time.perf_counter() - step_start
+            store.append(sample)
+        samples.append(sample)
+        if progress:
+            progress(index + 1, len(prepared.batches), sample)
+    record = build_record(config, prepared, samples, time.perf_counter() - total_start)
+    store.finish(record)
+    return record
+
+
+def build_record(
+    config: RunConfig, prepared: Prepared, samples: list[dict[str, Any]], total_s: float
+) -> dict[str, Any]:
+    scored = [s for s in samples if "error" not in s]
+    if scored:
+        summary = metrics.aggregate(
+            [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
+            [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
+        )
+    else:
+        summary = {}
+    dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
+    return {
+        "gradleak_version": __version__,
+        "config": config.model_dump(mode="json"),
+        "task": prepared.task,
+        "scenario": describe_scenario(config, dropout),
+        "samples": [_public_sample(s) for s in samples],
+        "metrics": summary,
+        "failed_inputs": [s["index"] for s in samples if "error" in s],
+        "timing": {
+            "total_s": total_s,
+            "attack_s": sum(s["attack_s"] for s in samples),
+            "load_s": prepared.load_s,
+        },
+        "versions": versions(),
+        "machine": machine(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _public_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample as recorded: texts, exactness and per-batch means (per-pair detail kept)."""
+    if "error" in sample:
+        return sample
+    strict = metrics.StrictResult.from_dict(sample["strict"])
+    paper = metrics.PaperResult.from_dict(sample["paper"])
+    return {
+        **{k: sample[k] for k in ("index", "reference", "prediction", "exact", "labels")},
+        "metrics": {"strict": strict.means, "paper": dict(paper.means)},
+        "matching": strict.matching,
+        "attack_s": sample["attack_s"],
+        "info": sample.get("info", {}),
+    }

@@ -1,0 +1,65 @@
+"""The federated protocol a scenario declares: how the client trains and what it sends.
+
+These settings are protocol facts. The server set them, so the attacker knows them (Wang &
+Li's weight-delta matching relies on that); the private batch is the only secret.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gradleak.models.adapters import ROLES
+
+
+class LoraSettings(BaseModel):
+    """LoRA fine-tuning (peft). Wang & Li use rank 32, alpha 64."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(32, ge=1)
+    alpha: float | None = Field(None, gt=0, description="defaults to 2 * rank")
+    roles: tuple[str, ...] = ("q", "v")
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> LoraSettings:
+        unknown = [r for r in self.roles if r not in ROLES]
+        if unknown or not self.roles:
+            raise ValueError(f"LoRA roles must be some of {','.join(ROLES)}, got {self.roles}")
+        return self
+
+    @property
+    def scale_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else 2.0 * self.rank
+
+
+class Protocol(BaseModel):
+    """One client round: FedSGD (one gradient) or FedAvg (a weight delta after local SGD)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
+    mode: Literal["train", "eval"] = Field(
+        "train", description="the client's model mode; train keeps dropout active (realistic)"
+    )
+    dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="override every dropout rate of the model"
+    )
+    epochs: int = Field(1, ge=1, description="FedAvg local epochs E")
+    local_batch_size: int | None = Field(
+        None, ge=1, description="FedAvg local batch b (default: all n_k samples in one step)"
+    )
+    lr: float = Field(5e-5, gt=0.0, description="FedAvg client learning rate")
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    shuffle: bool = Field(True, description="FedAvg: reshuffle the local data every epoch")
+    lora: LoraSettings | None = None
+    freeze_embeddings: bool = False
+    share: str = Field("all", description="which tensors the client sends (see sharing.py)")
+
+    def steps_per_epoch(self, n_samples: int) -> int:
+        b = self.local_batch_size or n_samples
+        return -(-n_samples // b)
+
+    def local_steps(self, n_samples: int) -> int:
+        return 1 if self.algorithm == "fedsgd" else self.epochs * self.steps_per_epoch(n_samples)

@@ -1,0 +1,80 @@
+"""What the honest-but-curious server knows when it attacks one client update.
+
+The attack is handed a :class:`ServerKnowledge` and the :class:`ClientUpdate`, nothing else.
+The knowledge is built from the global model and the protocol facts the scenario declares as
+known (labels, sequence lengths); the private token ids never enter it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from gradleak.federated.client import GlobalModel
+from gradleak.models.tasks import EncodedBatch
+
+
+@dataclass(frozen=True)
+class ServerKnowledge:
+    """The server's view of a round.
+
+    ``template_ids`` is ``[B, L]`` with the ids of the tokens the tokenizer inserts itself
+    ([CLS]/[SEP]/BOS, padding) at their positions and -1 where the private text is: it follows
+    from the known lengths and the public tokenizer. ``labels`` and the length-derived fields are
+    None when the scenario declares them unknown.
+    """
+
+    global_model: GlobalModel
+    batch_size: int
+    lengths: tuple[int, ...] | None
+    template_ids: torch.Tensor | None
+    token_type_ids: torch.Tensor | None
+    labels: dict[str, torch.Tensor] | None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.global_model.victim.tokenizer
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        if self.template_ids is None:
+            return None
+        length = self.template_ids.shape[1]
+        return (torch.arange(length)[None, :] < torch.tensor(self.lengths)[:, None]).long()
+
+
+def special_template(batch: EncodedBatch, tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """Ids at the positions the tokenizer fills itself, -1 at the private text's positions."""
+    template = torch.full_like(batch.input_ids, -1)
+    for row, (ids, length) in enumerate(zip(batch.input_ids, batch.lengths, strict=True)):
+        real = ids[:length].tolist()
+        special = tokenizer.get_special_tokens_mask(real, already_has_special_tokens=True)
+        for pos, is_special in enumerate(special):
+            if is_special:
+                template[row, pos] = real[pos]
+        template[row, length:] = ids[length:]
+    return template
+
+
+def server_knowledge(
+    global_model: GlobalModel,
+    batch: EncodedBatch,
+    known_labels: bool = True,
+    known_lengths: bool = True,
+) -> ServerKnowledge:
+    """Extract the declared-known facts of ``batch``; the batch itself stays with the caller."""
+    tokenizer = global_model.victim.tokenizer
+    return ServerKnowledge(
+        global_model=global_model,
+        batch_size=int(batch.input_ids.shape[0]),
+        lengths=tuple(batch.lengths) if known_lengths else None,
+        template_ids=special_template(batch, tokenizer) if known_lengths else None,
+        token_type_ids=(
+            batch.token_type_ids.clone()
+            if known_lengths and batch.token_type_ids is not None
+            else None
+        ),
+        labels={k: v.clone() for k, v in batch.labels.items()} if known_labels else None,
+    )

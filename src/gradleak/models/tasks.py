@@ -1,0 +1,182 @@
+"""Turning examples into model inputs, and the training loss of each task.
+
+One loss function serves the client (token ids) and the attacker (dummy embeddings), so a
+dummy batch equal to the private one yields exactly the client's gradient (a test checks this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from gradleak.data import Example
+from gradleak.errors import GradleakError
+from gradleak.models.adapters import ModelAdapter
+
+
+@dataclass
+class EncodedBatch:
+    """Token ids of a batch, right-padded, with what the task's loss needs.
+
+    ``labels`` holds the class labels (classification) or the answer ``start``/``end`` token
+    positions (qa); causal LM labels are the ids themselves.
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    labels: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_type_ids: torch.Tensor | None = None
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.attention_mask.sum(dim=1).tolist()
+
+    def select(self, rows: list[int] | torch.Tensor) -> EncodedBatch:
+        """The sub-batch of ``rows`` (FedAvg local batches), trimmed to its longest row."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        mask = self.attention_mask[rows]
+        width = int(mask.sum(dim=1).max())
+        return EncodedBatch(
+            input_ids=self.input_ids[rows, :width],
+            attention_mask=mask[:, :width],
+            labels={k: v[rows] for k, v in self.labels.items()},
+            token_type_ids=None
+            if self.token_type_ids is None
+            else self.token_type_ids[rows, :width],
+        )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The Hugging Face model under a peft wrapper (modules keep their LoRA layers)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def encode_examples(
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    task: str,
+    max_positions: int,
+    max_tokens: int | None = None,
+) -> EncodedBatch:
+    """Tokenize a private batch the way a fine-tuning client would (tokenizer's own specials).
+
+    Sequences longer than the model allows are an error unless ``max_tokens`` truncates them.
+    """
+    limit = min(max_tokens or max_positions, max_positions)
+    if task == "qa":
+        if any(ex.context is None for ex in examples):
+            raise GradleakError("task qa needs question/context examples: use --dataset squad")
+        enc = tokenizer(
+            [ex.text for ex in examples],
+            [ex.context for ex in examples],
+            return_offsets_mapping=True,
+            padding=False,
+            truncation="only_second" if max_tokens else False,
+            max_length=limit if max_tokens else None,
+        )
+    else:
+        enc = tokenizer(
+            [ex.text for ex in examples],
+            padding=False,
+            truncation=bool(max_tokens),
+            max_length=limit if max_tokens else None,
+        )
+    rows = enc["input_ids"]
+    longest = max(len(r) for r in rows)
+    if longest > limit:
+        raise GradleakError(
+            f"a sequence has {longest} tokens but the model allows {limit}: pass --max-tokens "
+            f"{limit} to truncate, or choose shorter inputs"
+        )
+    if tokenizer.pad_token_id is None:
+        raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
+    input_ids = torch.full((len(rows), longest), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention_mask[i, : len(row)] = 1
+    token_type_ids = None
+    if "token_type_ids" in enc:
+        token_type_ids = torch.zeros_like(input_ids)
+        for i, row in enumerate(enc["token_type_ids"]):
+            token_type_ids[i, : len(row)] = torch.tensor(row)
+    labels: dict[str, torch.Tensor] = {}
+    if task == "classification":
+        if any(ex.label is None for ex in examples):
+            raise GradleakError(
+                "task classification needs labeled examples: add a label column or use "
+                "--task causal_lm"
+            )
+        labels["label"] = torch.tensor([int(ex.label) for ex in examples])
+    elif task == "qa":
+        starts, ends = zip(
+            *(_answer_span(enc, i, ex) for i, ex in enumerate(examples)), strict=True
+        )
+        labels["start"] = torch.tensor(starts)
+        labels["end"] = torch.tensor(ends)
+    return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
+
+
+def _answer_span(enc, row: int, ex: Example) -> tuple[int, int]:
+    """Token positions of the answer in the context (0, 0 when truncated away, like HF's QA)."""
+    if ex.answer_start is None or ex.answer_text is None:
+        raise GradleakError("task qa needs answers: use --dataset squad")
+    first_char, last_char = ex.answer_start, ex.answer_start + len(ex.answer_text)
+    sequence_ids = enc.sequence_ids(row)
+    start = end = 0
+    for pos, (span, seq) in enumerate(zip(enc["offset_mapping"][row], sequence_ids, strict=True)):
+        if seq != 1:
+            continue
+        if span[0] <= first_char < span[1] and start == 0:
+            start = pos
+        if span[0] < last_char <= span[1]:
+            end = pos
+    return (start, end) if start and end >= start else (0, 0)
+
+
+def task_loss(
+    model: nn.Module,
+    adapter: ModelAdapter,
+    task: str,
+    batch_mask: torch.Tensor,
+    labels: dict[str, torch.Tensor],
+    *,
+    input_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+    lm_targets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mean training loss of ``task`` from token ids (client) or embeddings (attacker).
+
+    Causal LM targets default to ``input_ids``; an attacker working on embeddings passes its
+    current guess as ``lm_targets``. Decoder classification pools the last real token itself,
+    because Hugging Face pools the last *position* when given embeddings instead of ids.
+    """
+    hf = unwrap(model)
+    inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "attention_mask": batch_mask}
+    if token_type_ids is not None:
+        inputs["token_type_ids"] = token_type_ids
+    if task == "classification":
+        if adapter.is_decoder:
+            hidden = adapter.backbone(hf)(**inputs).last_hidden_state
+            last = batch_mask.sum(dim=1) - 1
+            logits = hf.score(hidden[torch.arange(hidden.shape[0]), last])
+        else:
+            logits = hf(**inputs).logits
+        return F.cross_entropy(logits, labels["label"])
+    if task == "causal_lm":
+        targets = input_ids if lm_targets is None else lm_targets
+        targets = targets.masked_fill(batch_mask == 0, -100)
+        logits = hf(**inputs).logits
+        return F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1)
+        )
+    out = hf(**inputs)
+    start = F.cross_entropy(out.start_logits, labels["start"])
+    end = F.cross_entropy(out.end_logits, labels["end"])
+    return (start + end) / 2

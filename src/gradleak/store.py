@@ -1,0 +1,69 @@
+"""Results on disk: finished inputs are appended as they complete, so nothing done is lost.
+
+``OUT.json`` is written when a run completes; while it runs, each finished input is one line of
+``OUT.json.partial.jsonl`` (the first line holds the config). Running the same config with the
+same ``--out`` again resumes after the last finished input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gradleak.errors import GradleakError
+
+
+class ResultStore:
+    def __init__(self, out: str | Path | None, identity: dict[str, Any]) -> None:
+        self.out = Path(out) if out else None
+        self.identity = identity
+        self.partial = self.out.with_name(self.out.name + ".partial.jsonl") if self.out else None
+
+    def load_finished(self) -> dict[int, dict[str, Any]]:
+        """Samples finished by an earlier, interrupted run of the same config."""
+        if self.partial is None or not self.partial.exists():
+            return {}
+        lines = self.partial.read_text(encoding="utf-8").splitlines()
+        if not lines:
+            return {}
+        header = json.loads(lines[0])
+        if header.get("config") != self.identity:
+            raise GradleakError(
+                f"{self.partial} holds an unfinished run with a different config: delete it or "
+                "choose another --out"
+            )
+        finished: dict[int, dict[str, Any]] = {}
+        for line in lines[1:]:
+            try:
+                sample = json.loads(line)
+            except json.JSONDecodeError:  # a line cut off by the interruption
+                continue
+            finished[sample["index"]] = sample
+        return finished
+
+    def start(self) -> None:
+        if self.partial is None:
+            return
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        if not self.partial.exists() or not self.partial.read_text(encoding="utf-8").strip():
+            self.partial.write_text(json.dumps({"config": self.identity}) + "\n", "utf-8")
+
+    def append(self, sample: dict[str, Any]) -> None:
+        if self.partial is None:
+            return
+        with self.partial.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(sample) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def finish(self, record: dict[str, Any]) -> None:
+        if self.out is None:
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_name(self.out.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.out)
+        if self.partial is not None and self.partial.exists():
+            self.partial.unlink()
