@@ -6,9 +6,10 @@ gradient-matching attack differentiates through the gradient) and in float32.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from transformers import (
     LlamaConfig,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from gradleak.errors import GradleakError
 from gradleak.models.adapters import ModelAdapter, adapter_for
@@ -221,8 +223,28 @@ def _load_tokenizer(source: Path | str) -> PreTrainedTokenizerBase:
         ) from None
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Hide load reports and progress bars (a fresh task head is always "missing")."""
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_victim(name: str, task: str = "classification", seed: int = 0) -> Victim:
     """Load model ``name`` with a head for ``task``; the head's random init depends on ``seed``."""
+    with _quiet_transformers():
+        return _load_victim(name, task, seed)
+
+
+def _load_victim(name: str, task: str, seed: int) -> Victim:
     if task not in TASKS:
         raise GradleakError(f"unknown task '{task}': use one of {', '.join(TASKS)}")
     torch.manual_seed(seed)

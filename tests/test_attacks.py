@@ -1,0 +1,162 @@
+"""Attacks: the attacker's gradients are exact at the truth, and DLG/TAG recover text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_MODELS, encode
+
+from gradleak import metrics
+from gradleak.attacks import make_attack
+from gradleak.attacks.objective import DISTANCES, GradientMatcher, l2_distance
+from gradleak.attacks.optimization import project_to_tokens
+from gradleak.data import Example
+from gradleak.errors import GradleakError
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+from gradleak.models.tasks import unwrap
+
+
+def scenario(victim, protocol, examples=None):
+    batch = encode(victim, examples) if examples else encode(victim)
+    gm = GlobalModel.build(victim, protocol)
+    return batch, compute_update(gm, batch, seed=0), server_knowledge(gm, batch)
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "protocol"),
+    [
+        ("tiny-bert", "classification", Protocol(mode="eval")),
+        ("tiny-gpt2", "classification", Protocol(mode="eval")),
+        ("tiny-llama", "classification", Protocol(mode="eval")),
+        ("tiny-gpt2", "causal_lm", Protocol(mode="eval")),
+        ("tiny-llama", "causal_lm", Protocol(mode="eval", share="0.qkv")),
+        ("tiny-bert", "classification", Protocol(mode="eval", lora={"rank": 4})),
+        ("tiny-gpt2", "classification", Protocol(mode="eval", lora={"rank": 4})),
+    ],
+)
+def test_dummy_gradient_at_the_truth_equals_the_update(tiny_victim, name, task, protocol):
+    """The attacker's objective is exact: zero distance at the private embeddings."""
+    victim = tiny_victim(name, task)
+    batch, update, knowledge = scenario(victim, protocol)
+    matcher = GradientMatcher(update, knowledge, l2_distance)
+    true_embeds = victim.adapter.token_embedding(unwrap(matcher.model))(batch.input_ids)
+    targets = batch.input_ids if task == "causal_lm" else None
+    dummy = matcher.dummy_gradients(true_embeds, targets)
+    for got, want in zip(dummy, matcher.targets, strict=True):
+        assert torch.allclose(got, want, atol=1e-7, rtol=1e-5)
+    assert matcher.loss(true_embeds, targets).item() < 1e-10
+
+
+def test_token_embedding_table_is_not_matched(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim, Protocol(mode="eval"))
+    matcher = GradientMatcher(update, knowledge, l2_distance)
+    assert "bert.embeddings.word_embeddings.weight" in update.tensors
+    assert "bert.embeddings.word_embeddings.weight" not in matcher.keys
+    assert "bert.embeddings.position_embeddings.weight" in matcher.keys
+
+
+@pytest.mark.parametrize("attack", ["tag", "dlg"])
+def test_attack_recovers_a_known_sentence_on_a_tiny_model(tiny_victim, attack):
+    victim = tiny_victim("tiny-bert")
+    sentence = [Example("the cat sat on the mat", label=1)]
+    batch, update, knowledge = scenario(victim, Protocol(mode="eval"), sentence)
+    result = make_attack(attack, steps=300).run(update, knowledge, seed=0)
+    tokenizer = victim.tokenizer
+    prediction = tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
+    strict = metrics.strict_scores([prediction], ["the cat sat on the mat"])
+    assert strict.means["rouge1"] >= 90, prediction
+    # Special tokens stay at their known positions.
+    assert result.token_ids[0][0] == tokenizer.cls_token_id
+    assert result.token_ids[0][-1] == tokenizer.sep_token_id
+
+
+def test_attack_is_deterministic_for_a_seed(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim, Protocol(mode="eval"))
+    first = make_attack("tag", steps=20).run(update, knowledge, seed=4)
+    again = make_attack("tag", steps=20).run(update, knowledge, seed=4)
+    assert first.token_ids == again.token_ids
+    assert first.info["best_loss"] == again.info["best_loss"]
+
+
+def test_batch_of_two_keeps_each_length_and_padding(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    batch, update, knowledge = scenario(victim, Protocol(mode="eval"))
+    result = make_attack("tag", steps=5).run(update, knowledge, seed=0)
+    assert [len(ids) for ids in result.token_ids] == batch.lengths
+
+
+def test_attack_works_on_fedavg_and_lora_updates(tiny_victim):
+    victim = tiny_victim("tiny-gpt2")
+    protocol = Protocol(algorithm="fedavg", mode="train", epochs=2, lr=1e-3, lora={"rank": 2})
+    _, update, knowledge = scenario(victim, protocol)
+    result = make_attack("tag", steps=3).run(update, knowledge, seed=0)
+    assert len(result.token_ids) == 2
+
+
+def test_matching_a_subset_uses_only_those_tensors(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim, Protocol(mode="eval"))
+    attack = make_attack("tag", steps=1, match="0.q")
+    keys = attack._match_keys(update, knowledge)
+    assert keys == [
+        "bert.encoder.layer.0.attention.self.query.weight",
+        "bert.encoder.layer.0.attention.self.query.bias",
+    ]
+    matcher = GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys)
+    assert matcher.param_names == sorted(keys)
+
+
+def test_matching_tensors_the_update_lacks_is_an_error(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim, Protocol(mode="eval", share="1.f"))
+    with pytest.raises(GradleakError, match="does not contain"):
+        make_attack("tag", steps=1, match="0.q").check(update, knowledge)
+
+
+def test_unknown_labels_is_an_error_for_classification(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    batch = encode(victim)
+    gm = GlobalModel.build(victim, Protocol(mode="eval"))
+    update = compute_update(gm, batch, seed=0)
+    knowledge = server_knowledge(gm, batch, known_labels=False)
+    with pytest.raises(GradleakError, match="known labels"):
+        make_attack("tag").check(update, knowledge)
+
+
+def test_projection_never_picks_excluded_tokens():
+    vocab = torch.eye(4)
+    allowed = torch.tensor([True, False, True, True])
+    ids = project_to_tokens(torch.tensor([[[0.0, 1.0, 0.1, 0.0]]]), vocab, allowed)
+    assert ids.tolist() == [[2]]
+
+
+def test_unknown_attack_and_bad_settings_are_errors():
+    with pytest.raises(GradleakError, match="unknown attack"):
+        make_attack("lamp-magic")
+    with pytest.raises(GradleakError, match="steps"):
+        make_attack("tag", steps=0)
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_first_layer_input_matches_the_model(tiny_victim, name):
+    """The adapter's first-layer input is what layer 0's q projection really reads."""
+    victim = tiny_victim(name)
+    model = victim.model.eval()
+    batch = encode(victim, [Example("the cat sat", label=1)])
+    seen = {}
+    module = victim.adapter.role_module(model, 0, "q").module
+
+    def record_input(_module, args, _out):
+        seen.setdefault("x", args[0])
+
+    handle = module.register_forward_hook(record_input)
+    with torch.no_grad():
+        model(input_ids=batch.input_ids)
+        embeds = victim.adapter.token_embedding(model)(batch.input_ids)
+        ours = victim.adapter.first_layer_input(model, embeds)
+    handle.remove()
+    assert torch.allclose(ours, seen["x"], atol=1e-5)

@@ -1,0 +1,160 @@
+"""The command line: a full small run, its JSON record, resuming, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from gradleak.cli import app
+
+runner = CliRunner()
+TINY = ["--model", "tiny-bert", "--mode", "eval", "--steps", "3"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_attack_writes_the_documented_record(tmp_path):
+    out = tmp_path / "run.json"
+    result = invoke("attack", *TINY, "--n-inputs", "2", "--batch-size", "2", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert record["config"]["model"] == "tiny-bert"
+    assert len(record["samples"]) == 2
+    for sample in record["samples"]:
+        assert len(sample["reference"]) == 2 and len(sample["prediction"]) == 2
+        assert all(isinstance(t, str) for t in sample["reference"] + sample["prediction"])
+    assert set(record["metrics"]["strict"]) == {
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "token_accuracy",
+        "exact_match",
+    }
+    assert set(record["metrics"]["paper"]) == {"rouge1", "rouge2", "rougeL"}
+    assert record["timing"]["total_s"] >= record["timing"]["attack_s"] > 0
+    assert record["versions"]["torch"].startswith("2.13")
+    assert record["scenario"]["label"] == "EVAL" and record["scenario"]["realistic"] is False
+    assert "EVAL shortcut" in record["scenario"]["text"]
+    assert not (tmp_path / "run.json.partial.jsonl").exists()
+
+
+def test_same_seed_same_record(tmp_path):
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    for out in outs:
+        assert invoke("attack", *TINY, "--mode", "train", "--out", str(out)).exit_code == 0
+    a, b = (json.loads(o.read_text()) for o in outs)
+    strip = lambda r: [{k: v for k, v in s.items() if k != "attack_s"} for s in r["samples"]]  # noqa: E731
+    assert strip(a) == strip(b)
+
+
+class PowerCut(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_without_redoing_finished_inputs(tmp_path, monkeypatch):
+    from gradleak import experiment
+
+    out = tmp_path / "run.json"
+    calls = []
+    original = experiment.attack_one
+
+    def flaky(config, prepared, index, batch):
+        calls.append(index)
+        if index == 1 and len(calls) == 2:
+            raise PowerCut  # interrupted while attacking the second input
+        return original(config, prepared, index, batch)
+
+    monkeypatch.setattr(experiment, "attack_one", flaky)
+    args = ["attack", *TINY, "--n-inputs", "3", "--out", str(out)]
+    with pytest.raises(PowerCut):
+        runner.invoke(app, args, catch_exceptions=False)
+    assert not out.exists()
+    assert (tmp_path / "run.json.partial.jsonl").exists()
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert calls == [0, 1, 1, 2]
+    assert len(json.loads(out.read_text())["samples"]) == 3
+
+
+def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
+    out = tmp_path / "run.json"
+    (tmp_path / "run.json.partial.jsonl").write_text(json.dumps({"config": {"other": 1}}) + "\n")
+    result = invoke("attack", *TINY, "--out", str(out))
+    assert result.exit_code == 2
+    assert "different config" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--dataset", "imdb"], "unknown dataset"),
+        (["--attack", "magic"], "unknown attack 'magic'"),
+        (["--dataset", "cola", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
+        (["--dataset", "file:/nonexistent.txt"], "/nonexistent.txt"),
+        (["--batch-size", "0"], "batch-size"),
+        (["--n-inputs", "0"], "n-inputs"),
+        (["--protocol", "fedprox"], "algorithm"),
+        (["--mode", "test"], "mode"),
+        (["--share", "99.q"], "share"),
+        (["--match", "0.q", "--share", "1.f"], "does not contain"),
+        (["--n-inputs", "100"], "dataset has 16"),
+        (["--task", "causal_lm"], "decoder"),
+        (["--max-tokens", "1"], "max-tokens"),
+        (["--lora-alpha", "4"], "--lora-rank"),
+        (["--no-known-labels"], "known labels"),
+    ],
+)
+def test_bad_input_gives_one_line_error_and_exit_2(args, message):
+    result = invoke("attack", "--model", "tiny-bert", "--steps", "1", *args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error:")
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_sequence_longer_than_the_model_allows(tmp_path):
+    long_file = tmp_path / "long.txt"
+    long_file.write_text(" ".join(["word"] * 200) + "\n")
+    result = invoke("attack", *TINY, "--dataset", f"file:{long_file}", "--task", "classification")
+    assert result.exit_code == 2
+    assert "--max-tokens" in result.output
+
+
+def test_user_file_in_latin1_needs_encoding(tmp_path):
+    data = tmp_path / "notes.txt"
+    data.write_bytes("caf\xe9 au lait\n\nna\xefve notes\n".encode("latin-1"))
+    failed = invoke("attack", *TINY, "--dataset", f"file:{data}", "--task", "classification")
+    assert failed.exit_code == 2
+    assert "--encoding latin-1" in failed.output and "line 1" in failed.output
+    # unlabeled lines: classification is impossible, the default task for a decoder is causal LM
+    ok = invoke(
+        "attack",
+        "--model",
+        "tiny-gpt2",
+        "--mode",
+        "eval",
+        "--steps",
+        "2",
+        "--dataset",
+        f"file:{data}",
+        "--encoding",
+        "latin-1",
+        "--n-inputs",
+        "2",
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "caf" in ok.output
+
+
+def test_models_and_datasets_listings():
+    models = invoke("models")
+    assert models.exit_code == 0 and "minilm" in models.output and "tiny-llama" in models.output
+    datasets = invoke("datasets")
+    assert datasets.exit_code == 0 and "rotten_tomatoes" in datasets.output
