@@ -158,3 +158,13 @@ def test_models_and_datasets_listings():
     assert models.exit_code == 0 and "minilm" in models.output and "tiny-llama" in models.output
     datasets = invoke("datasets")
     assert datasets.exit_code == 0 and "rotten_tomatoes" in datasets.output
+
+
+def test_demo_runs_three_scenarios_on_minilm(tmp_path):
+    out = tmp_path / "demo.json"
+    result = invoke("demo", "--steps", "2", "--n-inputs", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [r["scenario"]["label"] for r in records] == ["EVAL", "TRAIN_EVAL", "TRAIN_EVAL"]
+    assert records[2]["config"]["protocol"]["algorithm"] == "fedavg"
+    assert "Eval-mode shortcut: strict ROUGE-1" in result.output

