@@ -215,7 +215,7 @@ def _set_threads(threads: int) -> None:
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="attack steps per scenario")] = 200,
+    steps: Annotated[int, typer.Option(help="attack steps per scenario")] = 150,
     n_inputs: Annotated[int, typer.Option(help="demo sentences per scenario")] = 2,
     out: Annotated[str | None, typer.Option(help="write all records as one JSON file")] = None,
 ) -> None:
