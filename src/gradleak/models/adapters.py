@@ -35,11 +35,20 @@ class RoleModule:
         return self.parts > 1
 
 
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass early."""
+
+
 class ModelAdapter:
     """Role map of one model family. Subclasses fill in the attribute paths."""
 
     family: str = ""
     is_decoder: bool = False
+    # Rotary models add positions inside attention: their first layer's input is position-free.
+    rotary_positions: bool = False
+    # Segment (token type) embeddings: BERT has them. GPT-2 would *add word embeddings* of any
+    # token_type_ids it is given, so they are passed only to families that define them.
+    uses_token_types: bool = False
 
     # --- structure -------------------------------------------------------------------------
     def backbone(self, model: nn.Module) -> nn.Module:
@@ -69,12 +78,50 @@ class ModelAdapter:
         return int(model.config.hidden_size)
 
     # --- the first layer's input (DAGER's span check works on it) ----------------------------
-    def first_layer_input(self, model: nn.Module, token_embeds: torch.Tensor) -> torch.Tensor:
-        """What layer 0's attention projections read, for token embeddings ``[B, L, d]``.
+    def first_layer_input(
+        self, model: nn.Module, token_embeds: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """What layer 0's attention projections read, for token embeddings ``[..., L, d]``.
 
-        Positions are ``0..L-1``; dropout is not applied (the attacker computes this).
+        ``positions`` (broadcast against the leading shape) default to ``0..L-1``; rotary models
+        ignore them. Dropout is not applied: the attacker computes this.
         """
         raise NotImplementedError
+
+    @staticmethod
+    def _positions(token_embeds: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        if positions is None:
+            return torch.arange(token_embeds.shape[-2], device=token_embeds.device)
+        return positions
+
+    def input_norm(self, model: nn.Module, layer: int) -> nn.Module:
+        """The normalization block ``layer`` applies before its attention projections
+        (identity for post-LN encoders, whose blocks already output normalized states)."""
+        return nn.Identity()
+
+    def layer_input(
+        self, model: nn.Module, layer: int, inputs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """What block ``layer``'s q/k/v projections read for the given model inputs.
+
+        Runs the real forward pass only up to block ``layer`` (a pre-hook stops it there), so
+        masks and positions are the model's own.
+        """
+        block = self.layers(model)[layer]
+        captured: dict[str, torch.Tensor] = {}
+
+        def capture(_module, args, kwargs):
+            captured["hidden"] = args[0] if args else kwargs["hidden_states"]
+            raise _StopForward
+
+        handle = block.register_forward_pre_hook(capture, with_kwargs=True)
+        try:
+            self.backbone(model)(**inputs)
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+        return self.input_norm(model, layer)(captured["hidden"])
 
     # --- dropout --------------------------------------------------------------------------
     def set_dropout(self, model: nn.Module, rate: float) -> None:
@@ -104,6 +151,7 @@ class BertAdapter(ModelAdapter):
     """BERT-style encoders (BERT, MiniLM): absolute positions, token types, post-LN."""
 
     family = "bert"
+    uses_token_types = True
 
     def layers(self, model):
         return list(self.backbone(model).encoder.layer)
@@ -124,11 +172,10 @@ class BertAdapter(ModelAdapter):
         emb = self.backbone(model).embeddings
         return [emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings]
 
-    def first_layer_input(self, model, token_embeds):
+    def first_layer_input(self, model, token_embeds, positions=None):
         emb = self.backbone(model).embeddings
-        length = token_embeds.shape[1]
-        positions = torch.arange(length, device=token_embeds.device)
-        types = torch.zeros(length, dtype=torch.long, device=token_embeds.device)
+        positions = self._positions(token_embeds, positions)
+        types = torch.zeros_like(positions)
         summed = (
             token_embeds + emb.position_embeddings(positions) + emb.token_type_embeddings(types)
         )
@@ -158,9 +205,12 @@ class GPT2Adapter(ModelAdapter):
     def max_positions(self, model):
         return int(model.config.n_positions)
 
-    def first_layer_input(self, model, token_embeds):
+    def input_norm(self, model, layer):
+        return self.layers(model)[layer].ln_1
+
+    def first_layer_input(self, model, token_embeds, positions=None):
         backbone = self.backbone(model)
-        positions = torch.arange(token_embeds.shape[1], device=token_embeds.device)
+        positions = self._positions(token_embeds, positions)
         return backbone.h[0].ln_1(token_embeds + backbone.wpe(positions))
 
 
@@ -169,6 +219,7 @@ class LlamaAdapter(ModelAdapter):
 
     family = "llama"
     is_decoder = True
+    rotary_positions = True
 
     def layers(self, model):
         return list(self.backbone(model).layers)
@@ -188,7 +239,10 @@ class LlamaAdapter(ModelAdapter):
     def embedding_modules(self, model):
         return [self.backbone(model).embed_tokens]
 
-    def first_layer_input(self, model, token_embeds):
+    def input_norm(self, model, layer):
+        return self.layers(model)[layer].input_layernorm
+
+    def first_layer_input(self, model, token_embeds, positions=None):
         return self.layers(model)[0].input_layernorm(token_embeds)
 
 
@@ -216,11 +270,10 @@ class MPNetAdapter(ModelAdapter):
         emb = self.backbone(model).embeddings
         return [emb.word_embeddings, emb.position_embeddings]
 
-    def first_layer_input(self, model, token_embeds):
+    def first_layer_input(self, model, token_embeds, positions=None):
         emb = self.backbone(model).embeddings
         # MPNet numbers positions from padding_idx + 1 (RoBERTa convention).
-        start = emb.padding_idx + 1
-        positions = torch.arange(start, start + token_embeds.shape[1], device=token_embeds.device)
+        positions = self._positions(token_embeds, positions) + emb.padding_idx + 1
         return emb.LayerNorm(token_embeds + emb.position_embeddings(positions))
 
 

@@ -159,7 +159,7 @@ def task_loss(
     """
     hf = unwrap(model)
     inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "attention_mask": batch_mask}
-    if token_type_ids is not None:
+    if token_type_ids is not None and adapter.uses_token_types:
         inputs["token_type_ids"] = token_type_ids
     if task == "classification":
         if adapter.is_decoder:

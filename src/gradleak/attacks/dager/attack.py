@@ -1,0 +1,306 @@
+"""DAGER: exact inversion of a batch from the low-rank gradients of the first two layers.
+
+1. Span bases of layer 1's and layer 2's q/k/v weight gradients (``span.py``).
+2. Token recovery: every vocabulary token whose first-layer input (embedding, position for
+   absolute-position models, the first norm) lies in layer 1's span, per position.
+3. Sequence recovery: decoders extend prefixes token by token and keep a prefix only if its
+   last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix only);
+   encoders enumerate per-position candidates of each sentence length (capped) and keep the
+   sentences whose layer-2 inputs all lie in the span.
+
+A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
+local steps' gradients, and the scale does not matter for a span. LoRA updates are checked in
+the adapter's space (``A x`` for the B matrix's gradient, ``x`` for A's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from gradleak.attacks.base import Reconstruction
+from gradleak.attacks.dager.span import SpanBasis, gap_threshold, span_basis
+from gradleak.errors import GradleakError
+from gradleak.federated.client import ClientUpdate
+from gradleak.federated.server import ServerKnowledge
+from gradleak.models.tasks import unwrap
+
+
+class DagerSettings(BaseModel):
+    """Thresholds and caps. ``None`` thresholds adapt to the update (largest log-gap)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    projections: str = Field("qkv", pattern="^[qkv]+$", description="which of q/k/v to use")
+    rank_tol: float | None = Field(1e-6, gt=0, description="relative singular-value cut")
+    l1_threshold: float | None = Field(None, gt=0, description="layer-1 distance cut")
+    l2_threshold: float | None = Field(None, gt=0, description="layer-2 distance cut")
+    fallback_threshold: float = Field(1e-2, gt=0, description="used when no gap is clear")
+    max_length: int = Field(128, ge=2, description="longest sequence searched")
+    max_beam: int = Field(2048, ge=1, description="decoder prefixes kept per position")
+    max_combinations: int = Field(20000, ge=1, description="encoder sentences tried per length")
+    chunk: int = Field(256, ge=1, description="sequences per forward pass")
+
+
+@dataclass
+class SpanCheck:
+    """One layer's span and how candidate inputs map into its space (LoRA: ``x -> A x``)."""
+
+    span: SpanBasis
+    transform: torch.Tensor | None = None  # [r, d] for LoRA's B-gradient space
+
+    def distance(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.transform is not None:
+            inputs = inputs.to(torch.float64) @ self.transform.T
+        return self.span.distance(inputs)
+
+
+@dataclass
+class SearchState:
+    """Notes for the record: caps hit, ranks, candidate counts."""
+
+    notes: list[str] = field(default_factory=list)
+    capped: bool = False
+
+
+class DagerAttack:
+    name = "dager"
+
+    def __init__(self, settings: DagerSettings | None = None) -> None:
+        self.settings = settings or DagerSettings()
+
+    # --- the update's projections ---------------------------------------------------------
+    def _projection_gradients(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Gradients of layer ``layer``'s chosen projections, oriented ``[rows, input_dim]``.
+
+        Returns the oriented blocks and, for LoRA B-gradients, the A matrix that maps inputs
+        into their space.
+        """
+        gm = knowledge.global_model
+        hf = unwrap(gm.model)
+        names = {id(p): n for n, p in gm.model.named_parameters()}
+        keys_by_param: dict[str, list] = {}
+        for spec in gm.specs:
+            keys_by_param.setdefault(spec.param, []).append(spec)
+        blocks: list[torch.Tensor] = []
+        transform = None
+        for role in self.settings.projections:
+            module = gm.adapter.role_module(hf, layer, role).module
+            lora_a = getattr(module, "lora_A", None)
+            if lora_a is not None and len(lora_a) > 0:
+                adapter_name = next(iter(lora_a.keys()))
+                a_weight = lora_a[adapter_name].weight
+                b_weight = module.lora_B[adapter_name].weight
+                a_blocks = self._tensors_for(update, keys_by_param, names[id(a_weight)], role)
+                b_blocks = self._tensors_for(update, keys_by_param, names[id(b_weight)], role)
+                if any(b.abs().max() > 0 for b in a_blocks):  # A moved: input space directly
+                    blocks += [b for b in a_blocks]
+                elif b_blocks:
+                    blocks += [b for b in b_blocks]  # [out, r]: rows are combinations of A x
+                    transform = a_weight.detach().to(torch.float64)
+                continue
+            found = self._tensors_for(update, keys_by_param, names[id(module.weight)], role)
+            if isinstance(module, Conv1D):  # GPT-2 stores [in, out]
+                found = [t.T for t in found]
+            blocks += found
+        return blocks, transform
+
+    @staticmethod
+    def _tensors_for(update, keys_by_param, param_name: str, role: str) -> list[torch.Tensor]:
+        specs = keys_by_param.get(param_name, [])
+        # A fused layer shared whole holds q, k and v at once: take it once, for any role.
+        return [
+            update.tensors[s.key]
+            for s in specs
+            if s.key in update.tensors and (s.role in (None, role))
+        ]
+
+    def _span_check(self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int):
+        blocks, transform = self._projection_gradients(update, knowledge, layer)
+        if not blocks:
+            return None
+        hidden = blocks[0].shape[-1]
+        unique = list({id(b): b for b in blocks}.values())
+        return SpanCheck(span_basis(unique, hidden, self.settings.rank_tol), transform)
+
+    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
+        gm = knowledge.global_model
+        if gm.adapter is None:
+            raise GradleakError("dager needs a model family with an adapter")
+        for layer in (0, 1):
+            check = self._span_check(update, knowledge, layer)
+            if check is None:
+                raise GradleakError(
+                    f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
+                    f"gradient, which this update does not contain: share {layer}.qkv"
+                )
+            if check.span.full:
+                raise GradleakError(
+                    f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
+                    f"{check.span.rank} (the batch holds at least as many tokens as the "
+                    f"{'LoRA rank' if check.transform is not None else 'hidden size'}): "
+                    "use a smaller --batch-size or shorter inputs"
+                )
+
+    # --- the attack -------------------------------------------------------------------------
+    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
+        self.check(update, knowledge)
+        gm = knowledge.global_model
+        model = gm.copy_model().eval()
+        hf = unwrap(model)
+        state = SearchState()
+        layer1 = self._span_check(update, knowledge, 0)
+        layer2 = self._span_check(update, knowledge, 1)
+        state.notes.append(f"ranks {layer1.span.rank}/{layer2.span.rank}")
+        with torch.no_grad():
+            candidates = self._token_candidates(hf, knowledge, layer1, state)
+            if gm.adapter.is_decoder:
+                sentences = self._decoder_search(hf, knowledge, layer2, candidates, state)
+            else:
+                sentences = self._encoder_search(hf, knowledge, layer2, candidates, state)
+        sentences = self._pick_batch(sentences, knowledge.batch_size)
+        return Reconstruction(
+            token_ids=[ids for ids, _ in sentences],
+            info={
+                "l2_distance": [score for _, score in sentences],
+                "capped": state.capped,
+                "notes": state.notes,
+                "rank_layer1": layer1.span.rank,
+                "rank_layer2": layer2.span.rank,
+            },
+        )
+
+    def _threshold(self, distances: torch.Tensor, fixed: float | None, expected: int) -> float:
+        if fixed is not None:
+            return fixed
+        return gap_threshold(distances, self.settings.fallback_threshold, max_accept=expected)
+
+    def _token_candidates(
+        self, hf: nn.Module, knowledge: ServerKnowledge, layer1: SpanCheck, state: SearchState
+    ) -> list[list[int]]:
+        """Per position, the tokens whose first-layer input passes layer 1's span check.
+
+        Rotary models have one position-free set (returned as a single list)."""
+        adapter = knowledge.global_model.adapter
+        table = adapter.token_embedding(hf).weight
+        expected = layer1.span.rank  # at most this many distinct inputs are in the span
+        if adapter.rotary_positions:
+            distances = layer1.distance(adapter.first_layer_input(hf, table))
+            cut = self._threshold(distances, self.settings.l1_threshold, expected)
+            tokens = torch.nonzero(distances < cut).flatten().tolist()
+            state.notes.append(f"layer-1 tokens: {len(tokens)}")
+            return [tokens]
+        per_position = []
+        limit = min(self.settings.max_length, adapter.max_positions(hf))
+        for position in range(limit):
+            positions = torch.full((table.shape[0],), position)
+            distances = layer1.distance(adapter.first_layer_input(hf, table, positions))
+            cut = self._threshold(distances, self.settings.l1_threshold, expected)
+            tokens = torch.nonzero(distances < cut).flatten().tolist()
+            if not tokens:
+                break
+            per_position.append(tokens)
+        state.notes.append(f"layer-1 tokens per position: {[len(t) for t in per_position]}")
+        return per_position
+
+    def _layer2_distances(
+        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: SpanCheck, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer-2 span distance of every position of every sequence in ``ids`` ``[N, L]``."""
+        adapter = knowledge.global_model.adapter
+        out = []
+        for start in range(0, ids.shape[0], self.settings.chunk):
+            chunk = ids[start : start + self.settings.chunk]
+            inputs = {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
+            out.append(layer2.distance(adapter.layer_input(hf, 1, inputs)))
+        return torch.cat(out)
+
+    def _decoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
+        """Extend prefixes one token at a time; keep those whose new position passes layer 2."""
+        rotary = knowledge.global_model.adapter.rotary_positions
+
+        def options(position: int) -> list[int]:
+            if rotary:
+                return candidates[0]
+            return candidates[position] if position < len(candidates) else []
+
+        beam: list[tuple[list[int], float]] = [([], 0.0)]
+        finished: list[tuple[list[int], float]] = []
+        for position in range(self.settings.max_length):
+            tokens = options(position)
+            if not tokens or not beam:
+                break
+            trials = [(prefix + [t], score) for prefix, score in beam for t in tokens]
+            ids = torch.tensor([seq for seq, _ in trials])
+            distances = self._layer2_distances(hf, knowledge, layer2, ids)[:, -1]
+            cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
+            accepted = torch.nonzero(distances < cut).flatten().tolist()
+            if len(accepted) > self.settings.max_beam:
+                state.capped = True
+                accepted = sorted(accepted, key=lambda i: distances[i].item())
+                accepted = accepted[: self.settings.max_beam]
+            extended = {tuple(trials[i][0][:-1]) for i in accepted}
+            finished += [(p, s) for p, s in beam if p and tuple(p) not in extended]
+            beam = [(trials[i][0], max(trials[i][1], distances[i].item())) for i in accepted]
+        finished += [(p, s) for p, s in beam if p]
+        if not finished:
+            state.notes.append("no prefix passed the layer-2 check")
+        return finished
+
+    def _encoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
+        """For each sentence length ending in a separator, try combinations of candidates."""
+        tokenizer = knowledge.tokenizer
+        sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
+        specials = set(tokenizer.all_special_ids)
+        found: list[tuple[list[int], float]] = []
+        for end, tokens in enumerate(candidates):
+            if end < 1 or sep not in tokens:
+                continue
+            inner = [[t for t in candidates[p] if t not in specials] for p in range(1, end)]
+            if any(not options for options in inner):
+                continue
+            total = math.prod(len(options) for options in inner)
+            if total > self.settings.max_combinations:
+                state.capped = True
+                state.notes.append(f"length {end + 1}: {total} combinations, greedy search")
+                combos = self._greedy_combinations(hf, knowledge, layer2, inner, cls, sep)
+            else:
+                combos = [list(c) for c in itertools.product(*inner)]
+            ids = torch.tensor([[cls, *combo, sep] for combo in combos])
+            scores = self._layer2_distances(hf, knowledge, layer2, ids).max(dim=1).values
+            cut = self._threshold(scores, self.settings.l2_threshold, knowledge.batch_size)
+            keep = torch.nonzero(scores < cut).flatten().tolist() or [int(scores.argmin())]
+            found += [(ids[i].tolist(), scores[i].item()) for i in keep]
+        return found
+
+    def _greedy_combinations(self, hf, knowledge, layer2, inner, cls, sep) -> list[list[int]]:
+        """Coordinate descent from the first option of every position, a few rounds."""
+        current = [options[0] for options in inner]
+        tried = [list(current)]
+        for _ in range(3):
+            for position, options in enumerate(inner):
+                variants = [current[:position] + [t] + current[position + 1 :] for t in options]
+                ids = torch.tensor([[cls, *v, sep] for v in variants])
+                scores = self._layer2_distances(hf, knowledge, layer2, ids).max(dim=1).values
+                current = variants[int(scores.argmin())]
+                tried += variants
+        return [list(c) for c in {tuple(c) for c in tried}]
+
+    @staticmethod
+    def _pick_batch(sentences: list, batch_size: int) -> list:
+        """The ``batch_size`` most convincing distinct sentences (lowest layer-2 distance)."""
+        unique = {}
+        for ids, score in sorted(sentences, key=lambda item: item[1]):
+            unique.setdefault(tuple(ids), score)
+        chosen = [(list(ids), score) for ids, score in unique.items()][:batch_size]
+        while len(chosen) < batch_size:
+            chosen.append(([], None))
+        return chosen

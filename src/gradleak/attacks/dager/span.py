@@ -1,0 +1,103 @@
+"""DAGER's span check (Petrov et al. 2024).
+
+For a linear layer ``Y = X W^T`` the weight gradient is ``dL/dW = (dL/dY)^T X``: every row of
+the gradient is a combination of the layer's input rows ``x_i``. When the batch holds fewer
+tokens than the hidden size, the gradient is low-rank and its row span is exactly the span of
+the inputs that received gradient, so a candidate input ``v`` was in the batch iff it lies in
+that span. The algebra runs in float64: the client's float32 gradient has a noise floor that
+float32 arithmetic would blur into the rank threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Relative singular values below this are float32 round-off of a clean gradient.
+DEFAULT_RANK_TOL = 1e-6
+
+
+@dataclass
+class SpanBasis:
+    """Orthonormal basis (columns of ``basis``, ``[d, r]``) of the gradient's input span."""
+
+    basis: torch.Tensor
+    singular_values: torch.Tensor
+    hidden_size: int
+
+    @property
+    def rank(self) -> int:
+        return int(self.basis.shape[1])
+
+    @property
+    def full(self) -> bool:
+        """A span as large as the hidden space accepts everything: no check is possible."""
+        return self.rank >= self.hidden_size
+
+    def distance(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Relative distance ``||v - P v|| / ||v||`` of each row vector (any leading shape)."""
+        v = vectors.to(torch.float64)
+        projected = (v @ self.basis) @ self.basis.T
+        residual = torch.linalg.vector_norm(v - projected, dim=-1)
+        return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
+
+
+def estimate_rank(singular_values: torch.Tensor, rank_tol: float | None) -> int:
+    """Numerical rank: singular values above ``rank_tol`` times the largest.
+
+    With ``rank_tol=None`` the rank is placed at the largest drop (in log scale) of the
+    spectrum, which adapts to noise added to the update (a DP-style defense raises the floor).
+    """
+    s = singular_values[singular_values > 0]
+    if s.numel() == 0:
+        return 0
+    if rank_tol is not None:
+        return int((s > rank_tol * s[0]).sum())
+    logs = torch.log10(s)
+    if logs.numel() < 2:
+        return int(s.numel())
+    drops = logs[:-1] - logs[1:]
+    cut = int(torch.argmax(drops))
+    # No clear drop (less than a decade): the spectrum is noise-like or full.
+    return cut + 1 if drops[cut] > 1.0 else int(s.numel())
+
+
+def span_basis(
+    gradients: list[torch.Tensor], hidden_size: int, rank_tol: float | None = DEFAULT_RANK_TOL
+) -> SpanBasis:
+    """Basis of the joint row span of gradients oriented ``[rows, hidden_size]``.
+
+    Stacking the q, k and v gradients of one layer is allowed (they read the same input); it
+    also covers the first position of a causal model, whose query gets no gradient.
+    """
+    # Scale each block to unit norm so one projection's magnitude does not hide another's.
+    blocks = [g.to(torch.float64).reshape(-1, hidden_size) for g in gradients]
+    stacked = torch.cat([b / b.norm().clamp_min(1e-300) for b in blocks])
+    _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
+    rank = estimate_rank(s, rank_tol)
+    return SpanBasis(basis=vh[:rank].T.contiguous(), singular_values=s, hidden_size=hidden_size)
+
+
+def gap_threshold(distances: torch.Tensor, fallback: float, max_accept: int) -> float:
+    """A threshold between the near-zero distances of true inputs and the rest.
+
+    Looks for the largest log-scale gap among the ``max_accept + 1`` smallest distances; uses
+    ``fallback`` when the gap is under a decade (nothing clearly separates).
+    """
+    smallest = torch.sort(distances.flatten()).values[: max_accept + 1].clamp_min(1e-300)
+    if smallest.numel() < 2:
+        return fallback
+    logs = torch.log10(smallest)
+    gaps = logs[1:] - logs[:-1]
+    k = int(torch.argmax(gaps))
+    if gaps[k] < 1.0:
+        return fallback
+    return float(10 ** ((logs[k] + logs[k + 1]) / 2))
+
+
+def log_distance_summary(distances: torch.Tensor) -> dict[str, float]:
+    """Smallest distances, for the record (how clear the separation was)."""
+    values = torch.sort(distances.flatten()).values[:5].tolist()
+    return {f"d{i}": (v if math.isfinite(v) else -1.0) for i, v in enumerate(values)}
