@@ -38,7 +38,9 @@ class DagerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     projections: str = Field("qkv", pattern="^[qkv]+$", description="which of q/k/v to use")
-    rank_tol: float | None = Field(1e-6, gt=0, description="relative singular-value cut")
+    rank_tol: float | None = Field(
+        None, gt=0, description="relative singular-value cut (None: at the largest drop)"
+    )
     l1_threshold: float | None = Field(None, gt=0, description="layer-1 distance cut")
     l2_threshold: float | None = Field(None, gt=0, description="layer-2 distance cut")
     fallback_threshold: float = Field(1e-2, gt=0, description="used when no gap is clear")
@@ -46,11 +48,14 @@ class DagerSettings(BaseModel):
     max_beam: int = Field(2048, ge=1, description="decoder prefixes kept per position")
     max_combinations: int = Field(20000, ge=1, description="encoder sentences tried per length")
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
+    max_sequences: int = Field(
+        200_000, ge=1, description="decoder search budget: candidate sequences checked in all"
+    )
 
 
 @dataclass
 class SpanCheck:
-    """One layer's span and how candidate inputs map into its space (LoRA: ``x -> A x``)."""
+    """One span and how candidate inputs map into its space (LoRA B-gradients: ``x -> A x``)."""
 
     span: SpanBasis
     transform: torch.Tensor | None = None  # [r, d] for LoRA's B-gradient space
@@ -59,6 +64,27 @@ class SpanCheck:
         if self.transform is not None:
             inputs = inputs.to(torch.float64) @ self.transform.T
         return self.span.distance(inputs)
+
+
+@dataclass
+class LayerCheck:
+    """A layer's span checks; an input passes if it lies in one of them.
+
+    Plain projections of one layer share their input space and are stacked into one span
+    (their union). Each LoRA B-gradient lives in its own adapter space (its own A) and is
+    checked apart; "any" is the union again: a position can be missing from one projection's
+    span (position 0's query, or every query but the pooled one in the last layer) yet
+    present in another's.
+    """
+
+    checks: list[SpanCheck]
+
+    @property
+    def rank(self) -> int:
+        return max(c.span.rank for c in self.checks)
+
+    def distance(self, inputs: torch.Tensor) -> torch.Tensor:
+        return torch.stack([c.distance(inputs) for c in self.checks]).amin(dim=0)
 
 
 @dataclass
@@ -78,11 +104,11 @@ class DagerAttack:
     # --- the update's projections ---------------------------------------------------------
     def _projection_gradients(
         self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Gradients of layer ``layer``'s chosen projections, oriented ``[rows, input_dim]``.
 
-        Returns the oriented blocks and, for LoRA B-gradients, the A matrix that maps inputs
-        into their space.
+        Returns the blocks in the layer's input space and, for LoRA B-gradients, pairs of
+        (block, A matrix that maps inputs into the block's space).
         """
         gm = knowledge.global_model
         hf = unwrap(gm.model)
@@ -91,7 +117,7 @@ class DagerAttack:
         for spec in gm.specs:
             keys_by_param.setdefault(spec.param, []).append(spec)
         blocks: list[torch.Tensor] = []
-        transform = None
+        adapter_blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
         for role in self.settings.projections:
             module = gm.adapter.role_module(hf, layer, role).module
             lora_a = getattr(module, "lora_A", None)
@@ -102,16 +128,16 @@ class DagerAttack:
                 a_blocks = self._tensors_for(update, keys_by_param, names[id(a_weight)], role)
                 b_blocks = self._tensors_for(update, keys_by_param, names[id(b_weight)], role)
                 if any(b.abs().max() > 0 for b in a_blocks):  # A moved: input space directly
-                    blocks += [b for b in a_blocks]
-                elif b_blocks:
-                    blocks += [b for b in b_blocks]  # [out, r]: rows are combinations of A x
-                    transform = a_weight.detach().to(torch.float64)
+                    blocks += a_blocks
+                else:  # B's gradient [out, r]: rows are combinations of A x
+                    a_matrix = a_weight.detach().to(torch.float64)
+                    adapter_blocks += [(b, a_matrix) for b in b_blocks]
                 continue
             found = self._tensors_for(update, keys_by_param, names[id(module.weight)], role)
             if isinstance(module, Conv1D):  # GPT-2 stores [in, out]
                 found = [t.T for t in found]
             blocks += found
-        return blocks, transform
+        return blocks, adapter_blocks
 
     @staticmethod
     def _tensors_for(update, keys_by_param, param_name: str, role: str) -> list[torch.Tensor]:
@@ -123,13 +149,17 @@ class DagerAttack:
             if s.key in update.tensors and (s.role in (None, role))
         ]
 
-    def _span_check(self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int):
-        blocks, transform = self._projection_gradients(update, knowledge, layer)
-        if not blocks:
-            return None
-        hidden = blocks[0].shape[-1]
-        unique = list({id(b): b for b in blocks}.values())
-        return SpanCheck(span_basis(unique, hidden, self.settings.rank_tol), transform)
+    def _span_check(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int
+    ) -> LayerCheck | None:
+        blocks, adapter_blocks = self._projection_gradients(update, knowledge, layer)
+        tol = self.settings.rank_tol
+        checks = []
+        if blocks:
+            checks.append(SpanCheck(span_basis(blocks, blocks[0].shape[-1], tol)))
+        for block, a_matrix in adapter_blocks:
+            checks.append(SpanCheck(span_basis([block], block.shape[-1], tol), a_matrix))
+        return LayerCheck(checks) if checks else None
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
         gm = knowledge.global_model
@@ -142,13 +172,14 @@ class DagerAttack:
                     f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
                     f"gradient, which this update does not contain: share {layer}.qkv"
                 )
-            if check.span.full:
-                raise GradleakError(
-                    f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
-                    f"{check.span.rank} (the batch holds at least as many tokens as the "
-                    f"{'LoRA rank' if check.transform is not None else 'hidden size'}): "
-                    "use a smaller --batch-size or shorter inputs"
-                )
+            for one in check.checks:
+                if one.span.full:
+                    raise GradleakError(
+                        f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
+                        f"{one.span.rank} (the batch holds at least as many distinct tokens as "
+                        f"the {'LoRA rank' if one.transform is not None else 'hidden size'}): "
+                        "use a smaller --batch-size or shorter inputs"
+                    )
 
     # --- the attack -------------------------------------------------------------------------
     def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
@@ -159,7 +190,7 @@ class DagerAttack:
         state = SearchState()
         layer1 = self._span_check(update, knowledge, 0)
         layer2 = self._span_check(update, knowledge, 1)
-        state.notes.append(f"ranks {layer1.span.rank}/{layer2.span.rank}")
+        state.notes.append(f"ranks {layer1.rank}/{layer2.rank}")
         with torch.no_grad():
             candidates = self._token_candidates(hf, knowledge, layer1, state)
             if gm.adapter.is_decoder:
@@ -173,8 +204,8 @@ class DagerAttack:
                 "l2_distance": [score for _, score in sentences],
                 "capped": state.capped,
                 "notes": state.notes,
-                "rank_layer1": layer1.span.rank,
-                "rank_layer2": layer2.span.rank,
+                "rank_layer1": layer1.rank,
+                "rank_layer2": layer2.rank,
             },
         )
 
@@ -184,14 +215,14 @@ class DagerAttack:
         return gap_threshold(distances, self.settings.fallback_threshold, max_accept=expected)
 
     def _token_candidates(
-        self, hf: nn.Module, knowledge: ServerKnowledge, layer1: SpanCheck, state: SearchState
+        self, hf: nn.Module, knowledge: ServerKnowledge, layer1: LayerCheck, state: SearchState
     ) -> list[list[int]]:
         """Per position, the tokens whose first-layer input passes layer 1's span check.
 
         Rotary models have one position-free set (returned as a single list)."""
         adapter = knowledge.global_model.adapter
         table = adapter.token_embedding(hf).weight
-        expected = layer1.span.rank  # at most this many distinct inputs are in the span
+        expected = layer1.rank  # at most this many distinct inputs are in the span
         if adapter.rotary_positions:
             distances = layer1.distance(adapter.first_layer_input(hf, table))
             cut = self._threshold(distances, self.settings.l1_threshold, expected)
@@ -212,7 +243,7 @@ class DagerAttack:
         return per_position
 
     def _layer2_distances(
-        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: SpanCheck, ids: torch.Tensor
+        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: LayerCheck, ids: torch.Tensor
     ) -> torch.Tensor:
         """Layer-2 span distance of every position of every sequence in ``ids`` ``[N, L]``."""
         adapter = knowledge.global_model.adapter
@@ -232,13 +263,22 @@ class DagerAttack:
                 return candidates[0]
             return candidates[position] if position < len(candidates) else []
 
-        beam: list[tuple[list[int], float]] = [([], 0.0)]
+        # Tokens the tokenizer always puts first (BOS) are public knowledge: seeding the beam
+        # with them matters because position 0's query gets no gradient in a causal model.
+        start = _start_tokens(knowledge.tokenizer)
+        beam: list[tuple[list[int], float]] = [(start, 0.0)]
         finished: list[tuple[list[int], float]] = []
-        for position in range(self.settings.max_length):
+        checked = 0
+        for position in range(len(start), self.settings.max_length):
             tokens = options(position)
             if not tokens or not beam:
                 break
             trials = [(prefix + [t], score) for prefix, score in beam for t in tokens]
+            checked += len(trials)
+            if checked > self.settings.max_sequences:
+                state.capped = True
+                state.notes.append(f"search budget of {self.settings.max_sequences} spent")
+                break
             ids = torch.tensor([seq for seq, _ in trials])
             distances = self._layer2_distances(hf, knowledge, layer2, ids)[:, -1]
             cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
@@ -248,9 +288,14 @@ class DagerAttack:
                 accepted = sorted(accepted, key=lambda i: distances[i].item())
                 accepted = accepted[: self.settings.max_beam]
             extended = {tuple(trials[i][0][:-1]) for i in accepted}
-            finished += [(p, s) for p, s in beam if p and tuple(p) not in extended]
+            finished += [
+                (p, s) for p, s in beam if len(p) > len(start) and tuple(p) not in extended
+            ]
             beam = [(trials[i][0], max(trials[i][1], distances[i].item())) for i in accepted]
-        finished += [(p, s) for p, s in beam if p]
+        finished += [(p, s) for p, s in beam if len(p) > len(start)]
+        # A run of special tokens alone ([CLS][SEP]) is no sentence, however well it passes.
+        special = set(knowledge.tokenizer.all_special_ids)
+        finished = [(p, s) for p, s in finished if any(t not in special for t in p)]
         if not finished:
             state.notes.append("no prefix passed the layer-2 check")
         return finished
@@ -294,8 +339,7 @@ class DagerAttack:
                 tried += variants
         return [list(c) for c in {tuple(c) for c in tried}]
 
-    @staticmethod
-    def _pick_batch(sentences: list, batch_size: int) -> list:
+    def _pick_batch(self, sentences: list, batch_size: int) -> list:
         """The ``batch_size`` most convincing distinct sentences (lowest layer-2 distance)."""
         unique = {}
         for ids, score in sorted(sentences, key=lambda item: item[1]):
@@ -304,3 +348,15 @@ class DagerAttack:
         while len(chosen) < batch_size:
             chosen.append(([], None))
         return chosen
+
+
+def _start_tokens(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before any text (e.g. BOS), possibly none."""
+    ids = tokenizer("x")["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    start = []
+    for token in ids:
+        if token not in special:
+            break
+        start.append(token)
+    return start

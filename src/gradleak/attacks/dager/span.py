@@ -33,8 +33,10 @@ class SpanBasis:
 
     @property
     def full(self) -> bool:
-        """A span as large as the hidden space accepts everything: no check is possible."""
-        return self.rank >= self.hidden_size
+        """A span (nearly) as large as the hidden space accepts everything: no check is
+        possible. One dimension short counts as full: LayerNorm outputs with a zero bias are
+        centred, so they fill only ``hidden_size - 1`` dimensions."""
+        return self.rank >= self.hidden_size - 1
 
     def distance(self, vectors: torch.Tensor) -> torch.Tensor:
         """Relative distance ``||v - P v|| / ||v||`` of each row vector (any leading shape)."""

@@ -1,0 +1,117 @@
+"""DAGER on tiny random-init models: the span check, exact recovery, limits and FedAvg."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import encode
+
+from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
+from gradleak.data import Example
+from gradleak.errors import GradleakError
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+
+BATCH = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
+
+
+def attack(victim, protocol, examples=BATCH, settings=None):
+    batch = encode(victim, examples)
+    gm = GlobalModel.build(victim, protocol)
+    update = compute_update(gm, batch, seed=0)
+    knowledge = server_knowledge(gm, batch, known_lengths=False)
+    result = DagerAttack(settings).run(update, knowledge, seed=0)
+    decoded = sorted(
+        victim.tokenizer.decode(ids, skip_special_tokens=True) for ids in result.token_ids
+    )
+    return decoded, result
+
+
+def test_span_check_accepts_true_inputs_and_rejects_random_vectors():
+    torch.manual_seed(0)
+    inputs = torch.randn(5, 32)  # five token inputs of a 32-wide layer
+    delta = torch.randn(5, 48)  # dL/dY for a 48-output projection
+    gradient = delta.T @ inputs  # nn.Linear weight gradient, [out, in]
+    basis = span_basis([gradient], hidden_size=32)
+    assert basis.rank == 5
+    assert basis.distance(inputs).max() < 1e-6
+    assert basis.distance(torch.randn(100, 32)).min() > 0.3
+
+
+def test_adaptive_rank_finds_the_drop_under_noise():
+    torch.manual_seed(0)
+    gradient = torch.randn(64, 6) @ torch.randn(6, 32) + 1e-5 * torch.randn(64, 32)
+    s = torch.linalg.svdvals(gradient.double())
+    assert estimate_rank(s, rank_tol=None) == 6
+    assert estimate_rank(s, rank_tol=1e-9) == 32  # a fixed tolerance below the noise fails
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_decoder_batch_of_two_is_recovered_exactly(tiny_victim, name):
+    decoded, result = attack(tiny_victim(name), Protocol(mode="eval"))
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    assert not result.info["capped"]
+
+
+def test_decoder_recovers_in_train_mode_without_dropout(tiny_victim):
+    """Llama has no dropout: its real train-mode client is as exposed as eval mode."""
+    decoded, _ = attack(tiny_victim("tiny-llama"), Protocol(mode="train"))
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_next_token_prediction_recovers_all_but_the_unsupervised_last_token(tiny_victim):
+    decoded, _ = attack(tiny_victim("tiny-llama", task="causal_lm"), Protocol(mode="eval"))
+    # The last position predicts nothing, so its input gets no gradient: [SEP] is invisible.
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_encoder_sentence_is_recovered_exactly(tiny_victim):
+    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), BATCH[:1])
+    assert decoded == ["the cat sat on the mat"]
+    assert result.token_ids[0][0] == tiny_victim("tiny-bert").tokenizer.cls_token_id
+
+
+def test_encoder_batch_of_two(tiny_victim):
+    decoded, _ = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"))
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_fedavg_one_sgd_step_gives_the_fedsgd_result(tiny_victim):
+    victim = tiny_victim("tiny-gpt2")
+    fedsgd, _ = attack(victim, Protocol(mode="eval"))
+    fedavg, _ = attack(victim, Protocol(mode="eval", algorithm="fedavg", lr=1e-2))
+    assert fedavg == fedsgd == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_lora_update_is_inverted_through_the_adapter_space(tiny_victim):
+    protocol = Protocol(mode="eval", lora={"rank": 16, "roles": ("q", "k", "v")})
+    decoded, _ = attack(tiny_victim("tiny-llama"), protocol, BATCH[:1])
+    assert decoded == ["the cat sat on the mat"]
+
+
+def test_partial_sharing_of_k_and_v_only(tiny_victim):
+    decoded, _ = attack(tiny_victim("tiny-gpt2"), Protocol(mode="eval", share="0-1.kv"))
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_full_rank_batch_is_a_clear_error(tiny_victim):
+    victim = tiny_victim("tiny-bert")  # hidden size 64
+    many = [
+        Example(f"sentence number {i} has quite a few words in it", label=i % 2) for i in range(8)
+    ]
+    with pytest.raises(GradleakError, match="full rank"):
+        attack(victim, Protocol(mode="eval"), many)
+
+
+def test_update_without_first_layer_projections_is_an_error(tiny_victim):
+    with pytest.raises(GradleakError, match="first layer"):
+        attack(tiny_victim("tiny-llama"), Protocol(mode="eval", share="1.qkv"))
+
+
+def test_fixed_thresholds_can_be_set(tiny_victim):
+    # k and v only: in this 2-layer model layer 2 is the last, where only the pooled token's
+    # query gets gradient, so q alone would span too little there.
+    settings = DagerSettings(l1_threshold=1e-3, l2_threshold=1e-3, projections="kv")
+    decoded, _ = attack(tiny_victim("tiny-llama"), Protocol(mode="eval"), settings=settings)
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
