@@ -254,6 +254,30 @@ class DagerAttack:
             out.append(layer2.distance(adapter.layer_input(hf, 1, inputs)))
         return torch.cat(out)
 
+    def _last_position_distances(
+        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: LayerCheck, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer-2 distance of each sequence's last position, for the decoder search.
+
+        A rotary model without BOS gives a run of one repeated token ("The The The") the same
+        layer-2 input at every position (the attention averages identical values), so the
+        run would pass wherever its first token does. A last position whose input repeats the
+        previous one exactly is therefore rejected (distance infinity).
+        """
+        adapter = knowledge.global_model.adapter
+        out = []
+        for start in range(0, ids.shape[0], self.settings.chunk):
+            chunk = ids[start : start + self.settings.chunk]
+            inputs = {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
+            hidden = adapter.layer_input(hf, 1, inputs).to(torch.float64)
+            distance = layer2.distance(hidden[:, -1])
+            if hidden.shape[1] > 1:
+                change = torch.linalg.vector_norm(hidden[:, -1] - hidden[:, -2], dim=-1)
+                same = change <= 1e-6 * torch.linalg.vector_norm(hidden[:, -1], dim=-1)
+                distance = distance.masked_fill(same, float("inf"))
+            out.append(distance)
+        return torch.cat(out)
+
     def _decoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
         """Extend prefixes one token at a time; keep those whose new position passes layer 2."""
         rotary = knowledge.global_model.adapter.rotary_positions
@@ -280,7 +304,7 @@ class DagerAttack:
                 state.notes.append(f"search budget of {self.settings.max_sequences} spent")
                 break
             ids = torch.tensor([seq for seq, _ in trials])
-            distances = self._layer2_distances(hf, knowledge, layer2, ids)[:, -1]
+            distances = self._last_position_distances(hf, knowledge, layer2, ids)
             cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
             accepted = torch.nonzero(distances < cut).flatten().tolist()
             if len(accepted) > self.settings.max_beam:

@@ -88,7 +88,7 @@ def gap_threshold(distances: torch.Tensor, fallback: float, max_accept: int) -> 
     Looks for the largest log-scale gap among the ``max_accept + 1`` smallest distances; uses
     ``fallback`` when the gap is under a decade (nothing clearly separates).
     """
-    smallest = torch.sort(distances.flatten()).values[: max_accept + 1].clamp_min(1e-300)
+    smallest = torch.sort(distances.flatten()).values[: max_accept + 1].clamp(1e-300, 1e300)
     if smallest.numel() < 2:
         return fallback
     logs = torch.log10(smallest)
