@@ -154,6 +154,30 @@ def attack(
     match: Annotated[
         str | None, typer.Option(help="match only these shared tensors (e.g. 0.qkv)")
     ] = None,
+    prior: Annotated[
+        str | None,
+        typer.Option(help="LAMP's LM prior: smollm2 | none | a causal LM name, folder or hub id"),
+    ] = None,
+    alpha_lm: Annotated[
+        float | None, typer.Option(help="weight of the LM prior in discrete steps")
+    ] = None,
+    alpha_reg: Annotated[
+        float | None, typer.Option(help="weight of the embedding-norm regularizer")
+    ] = None,
+    n_init: Annotated[
+        int | None, typer.Option(help="initial candidates (and random orders) to pick from")
+    ] = None,
+    discrete_every: Annotated[
+        int | None,
+        typer.Option(help="discrete reordering round every N steps after 10% (0: none)"),
+    ] = None,
+    candidates: Annotated[
+        int | None, typer.Option(help="reorderings tried per sentence and discrete round")
+    ] = None,
+    label_search: Annotated[
+        str | None,
+        typer.Option(help="unknown labels: none | init (pick at the start) | full (run each)"),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
     out: Annotated[str | None, typer.Option(help="write the JSON record here (resumable)")] = None,
 ) -> None:
@@ -195,6 +219,13 @@ def attack(
                 "lr": attack_lr,
                 "attacker_mode": attacker_mode,
                 "match": match,
+                "prior": prior,
+                "alpha_lm": alpha_lm,
+                "alpha_reg": alpha_reg,
+                "n_init": n_init,
+                "discrete_every": discrete_every,
+                "candidates": candidates,
+                "label_search": label_search,
             },
         )
         record = run_with_progress(config, out)

@@ -22,6 +22,13 @@ class AttackSettings(BaseModel):
     lr: float | None = Field(None, gt=0)
     attacker_mode: str | None = Field(None, pattern="^(eval|train)$")
     match: str | None = None
+    prior: str | None = Field(None, min_length=1, description="LM prior: smollm2, none, a model")
+    alpha_lm: float | None = Field(None, ge=0)
+    alpha_reg: float | None = Field(None, ge=0)
+    n_init: int | None = Field(None, ge=1)
+    discrete_every: int | None = Field(None, ge=0)
+    candidates: int | None = Field(None, ge=1)
+    label_search: str | None = Field(None, pattern="^(none|init|full)$")
 
 
 class RunConfig(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from gradleak import __version__, metrics
-from gradleak.attacks import AttackFailed, make_attack
+from gradleak.attacks import Attack, AttackFailed, make_attack
 from gradleak.config import RunConfig
 from gradleak.data import DATASETS, FILE_PREFIX, Example, load_examples, sample_batches
 from gradleak.environment import machine, versions
@@ -83,6 +83,7 @@ class Prepared:
     batches: list[list[Example]]
     task: str
     load_s: float
+    attack: Attack  # built once: what it loads (an LM prior) serves every input
 
 
 def prepare(config: RunConfig) -> Prepared:
@@ -91,7 +92,10 @@ def prepare(config: RunConfig) -> Prepared:
     examples = load_examples(config.dataset, config.data_dir, config.split, config.encoding)
     batches = sample_batches(examples, config.n_inputs, config.batch_size, seed=config.sample_seed)
     task = config.task or default_task(config.dataset, examples)
-    make_attack(config.attack, **config.attack_settings.model_dump())  # validate early
+    attack = make_attack(config.attack, **config.attack_settings.model_dump())
+    setup = getattr(attack, "prepare", None)  # optional hook: load a prior, fail early
+    if callable(setup):
+        setup()
     victim = load_victim(config.model, task, seed=config.seed)
     if task == "causal_lm" and not victim.is_decoder:
         raise GradleakError(
@@ -99,7 +103,7 @@ def prepare(config: RunConfig) -> Prepared:
             f"{config.model} is an encoder: use --task classification"
         )
     global_model = GlobalModel.build(victim, config.protocol, seed=config.seed)
-    return Prepared(victim, global_model, batches, task, time.perf_counter() - start)
+    return Prepared(victim, global_model, batches, task, time.perf_counter() - start, attack)
 
 
 def attack_one(
@@ -117,7 +121,7 @@ def attack_one(
     )
     update = compute_update(gm, batch, seed=derived_seed(config.seed, index, 0))
     knowledge = server_knowledge(gm, batch, config.known_labels, config.known_lengths)
-    attack = make_attack(config.attack, **config.attack_settings.model_dump())
+    attack = prepared.attack
     attack.check(update, knowledge)
     references_ids = [
         row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)

@@ -8,6 +8,20 @@ from gradleak.attacks.base import Attack, AttackFailed, Reconstruction
 from gradleak.attacks.optimization import OptimizationAttack, OptimizationSettings
 from gradleak.errors import GradleakError
 
+# LAMP's shared hyperparameters (the reference's lamp_cos.sh / lamp_l1l2.sh and its defaults).
+_LAMP: dict[str, Any] = {
+    "steps": 2000,
+    "lr": 0.01,
+    "lr_decay": 0.89,
+    "lr_decay_every": 50,
+    "n_init": 500,
+    "rescale_init": True,
+    "discrete_every": 75,
+    "discrete_burnin": 0.1,
+    "candidates": 200,
+    "prior": "smollm2",
+}
+
 # name -> (description, the settings that differ from OptimizationSettings' defaults)
 ATTACKS: dict[str, tuple[str, dict[str, Any]]] = {
     "dlg": (
@@ -17,6 +31,15 @@ ATTACKS: dict[str, tuple[str, dict[str, Any]]] = {
     "tag": (
         "TAG: L2 + 0.01 L1 gradient matching (Deng et al. 2021, as run by LAMP)",
         {"distance": "tag"},
+    ),
+    "lamp-cos": (
+        "LAMP_cos: cosine matching, 2-step init, norm regularizer, discrete reorderings scored "
+        "with an LM prior (Balunovic et al. 2022, lamp_cos.sh)",
+        {**_LAMP, "distance": "cos", "alpha_lm": 0.2, "alpha_reg": 1.0},
+    ),
+    "lamp-l2l1": (
+        "LAMP_L2+L1: LAMP with TAG's L2 + 0.01 L1 matching (Balunovic et al. 2022, lamp_l1l2.sh)",
+        {**_LAMP, "distance": "tag", "alpha_lm": 60.0, "alpha_reg": 25.0},
     ),
 }
 

@@ -22,7 +22,11 @@ class AttackFailed(Exception):
 
 
 class Attack(Protocol):
-    """An attack sees the update and the server's knowledge, never the private batch."""
+    """An attack sees the update and the server's knowledge, never the private batch.
+
+    An attack may also define ``prepare()``: the runner calls it once per run, before any input,
+    to load what every input shares (LAMP's LM prior) and to raise setup errors early.
+    """
 
     name: str
 

@@ -1,21 +1,39 @@
-"""Optimization attacks on token embeddings: DLG and TAG (LAMP's baselines).
+"""Optimization attacks on token embeddings: DLG, TAG and LAMP as settings of one engine.
 
 The dummy batch is a tensor of token embeddings at the private text's positions; the tokens the
 tokenizer inserts itself ([CLS], [SEP], BOS, padding) stay fixed at their known positions. Adam
 minimizes the gradient distance; at the end each free position is projected to its nearest
 vocabulary token by cosine similarity, special and unused tokens excluded.
+
+The engine is built from pieces that the settings switch on:
+
+* start: one Gaussian draw, or LAMP's two-step search (``n_init`` > 1, ``rescale_init``);
+* regularizer: LAMP's ``alpha_reg * (mean ||x_i|| - init_size)^2`` on the free embeddings;
+* discrete rounds (``discrete_every`` > 0): reorderings of each sentence scored by matching loss
+  plus ``alpha_lm`` times an LM prior's cross-entropy (``prior``);
+* unknown labels (``label_search``): enumerate the label assignments of a classification batch.
+
+DLG and TAG leave them all off and behave exactly as before they existed.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
+from gradleak.attacks import initialization as init
 from gradleak.attacks.base import AttackFailed, Reconstruction
+from gradleak.attacks.discrete import candidate_permutations, transform_of
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
+from gradleak.attacks.prior import NO_PRIOR, CausalLMPrior, LanguagePrior, load_prior_model
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
@@ -24,9 +42,15 @@ from gradleak.models.tasks import unwrap
 
 _UNUSED = re.compile(r"^\[unused\d+\]$")
 
+# Enumerating unknown labels costs one scoring pass (or one attack) per assignment.
+MAX_LABEL_ASSIGNMENTS = 64
+# Memory for one batched scoring call: per-candidate gradients are materialized. On one CPU
+# thread scoring is memory-bound; MiniLM (11M matched entries) was fastest at about 8 per call.
+SCORE_MEMORY_BYTES = 2**30
+
 
 class OptimizationSettings(BaseModel):
-    """Hyperparameters of the continuous optimization (defaults: LAMP's TAG baseline)."""
+    """Hyperparameters of the engine (defaults: LAMP's TAG baseline, every LAMP piece off)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -39,6 +63,35 @@ class OptimizationSettings(BaseModel):
         "eval", pattern="^(eval|train)$", description="model mode for the dummy gradients"
     )
     match: str = Field("all", description="subset of the update to match (sharing syntax)")
+    # --- LAMP ---------------------------------------------------------------------------
+    n_init: int = Field(
+        1, ge=1, description="Gaussian start candidates, then as many random orders (LAMP 500)"
+    )
+    rescale_init: bool = Field(False, description="scale the start's vectors to init_size")
+    init_size: float | None = Field(
+        None, gt=0, description="target embedding norm; None = mean allowed token-embedding norm"
+    )
+    alpha_reg: float = Field(0.0, ge=0, description="weight of the embedding-norm regularizer")
+    discrete_every: int = Field(0, ge=0, description="discrete round every N steps; 0 = none")
+    discrete_burnin: float = Field(
+        0.1, ge=0, le=1, description="no discrete round before this fraction of the steps"
+    )
+    candidates: int = Field(200, ge=1, description="reorderings tried per sentence and round")
+    prior: str = Field(NO_PRIOR, min_length=1, description="causal LM prior, or none")
+    alpha_lm: float = Field(0.0, ge=0, description="weight of the prior's cross-entropy")
+    label_search: str = Field(
+        "none",
+        pattern="^(none|init|full)$",
+        description="unknown labels: none (error) | init (best assignment at the start) | "
+        "full (one attack per assignment, lowest final loss)",
+    )
+    score_batch: int | None = Field(
+        None, ge=0, description="candidates per batched scoring call; 0 = one by one; None = auto"
+    )
+
+    @property
+    def uses_prior(self) -> bool:
+        return self.prior != NO_PRIOR and self.alpha_lm > 0 and self.discrete_every > 0
 
 
 @dataclass
@@ -68,7 +121,7 @@ def allowed_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
 def project_to_tokens(
     embeds: torch.Tensor, embedding_matrix: torch.Tensor, allowed: torch.Tensor
 ) -> torch.Tensor:
-    """Nearest allowed token of every position by cosine similarity: ``[B, L]`` ids."""
+    """Nearest allowed token of every position by cosine similarity: ``[..., B, L]`` ids."""
     unit_vocab = torch.nn.functional.normalize(embedding_matrix, dim=-1)
     unit = torch.nn.functional.normalize(embeds, dim=-1)
     scores = unit @ unit_vocab.T
@@ -76,20 +129,105 @@ def project_to_tokens(
     return scores.argmax(dim=-1)
 
 
-def check_optimization_applies(knowledge: ServerKnowledge, name: str) -> None:
-    """DLG-style attacks need the lengths and, for classification and QA, the labels."""
+def check_optimization_applies(
+    knowledge: ServerKnowledge, name: str, label_search: str = "none"
+) -> None:
+    """DLG-style attacks need the lengths and, for classification and QA, the labels (or, for
+    classification, a label search)."""
     if knowledge.template_ids is None:
         raise GradleakError(f"attack {name} needs known sequence lengths: pass --known-lengths")
-    if knowledge.global_model.task != "causal_lm" and knowledge.labels is None:
+    task = knowledge.global_model.task
+    if task == "causal_lm" or knowledge.labels is not None:
+        return
+    if task != "classification":
         raise GradleakError(f"attack {name} needs known labels: pass --known-labels")
+    if label_search == "none":
+        raise GradleakError(
+            f"attack {name} needs known labels: pass --known-labels, or --label-search init"
+        )
+    count = _num_labels(knowledge) ** knowledge.batch_size
+    if count > MAX_LABEL_ASSIGNMENTS:
+        raise GradleakError(
+            f"unknown labels of a batch of {knowledge.batch_size} give {count} assignments "
+            f"(at most {MAX_LABEL_ASSIGNMENTS}): pass --known-labels or a smaller batch"
+        )
+
+
+def _num_labels(knowledge: ServerKnowledge) -> int:
+    return int(unwrap(knowledge.global_model.model).config.num_labels)
+
+
+def label_assignments(
+    knowledge: ServerKnowledge, search: str
+) -> list[dict[str, torch.Tensor] | None]:
+    """The label sets to try: the known labels, or every assignment of a classification batch."""
+    if knowledge.labels is not None or search == "none":
+        return [knowledge.labels]
+    choices = itertools.product(range(_num_labels(knowledge)), repeat=knowledge.batch_size)
+    return [{"label": torch.tensor(choice)} for choice in choices]
+
+
+@dataclass
+class Workspace:
+    """What one run works with: the matcher, the vocabulary and the known template."""
+
+    matcher: GradientMatcher
+    embedding: torch.Tensor  # [V, d] token-embedding table
+    allowed: torch.Tensor  # [V] bool
+    template: torch.Tensor  # [B, L]: known ids, -1 at free positions
+    fixed: torch.Tensor  # [B, L, d] embeddings of the known ids
+    is_lm: bool
+    chunk: int  # candidates per batched scoring call (0: one by one)
+    free_positions: list[torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.free_positions = [(row < 0).nonzero().flatten() for row in self.template]
+
+    @property
+    def free_mask(self) -> torch.Tensor:
+        return (self.template < 0)[..., None]
+
+    def ids(self, free: torch.Tensor) -> torch.Tensor:
+        """Token ids of free embeddings (``[..., B, L, d]``): nearest tokens, template elsewhere."""
+        projected = project_to_tokens(free.detach(), self.embedding, self.allowed)
+        return torch.where(self.template >= 0, self.template, projected)
+
+    def score(self, free: torch.Tensor) -> torch.Tensor:
+        """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
+        group = self.chunk or 32  # one-by-one scoring still projects in groups
+        out = []
+        for start in range(0, free.shape[0], group):
+            part = free[start : start + group]
+            embeds = torch.where(self.free_mask, part, self.fixed)
+            targets = self.ids(part) if self.is_lm else None
+            out.append(self.matcher.batched_loss(embeds, targets, chunk=self.chunk))
+        return torch.cat(out)
+
+
+@dataclass
+class _Outcome:
+    free: torch.Tensor
+    best_loss: float
+    info: dict[str, Any]
 
 
 class OptimizationAttack:
-    """One engine for the embedding-optimization family; DLG and TAG are settings of it."""
+    """One engine for the embedding-optimization family; DLG, TAG and LAMP are settings of it.
 
-    def __init__(self, name: str, settings: OptimizationSettings) -> None:
+    ``prior_model`` supplies an already loaded ``(causal LM, tokenizer)`` as the prior instead
+    of loading ``settings.prior`` (library users who hold one; tests). A loaded prior is kept
+    on the attack, so a run that attacks many inputs loads it once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: OptimizationSettings,
+        prior_model: tuple[nn.Module, PreTrainedTokenizerBase] | None = None,
+    ) -> None:
         self.name = name
         self.settings = settings
+        self._prior_model = prior_model
 
     def _match_keys(self, update: ClientUpdate, knowledge: ServerKnowledge) -> list[str] | None:
         if self.settings.match == "all":
@@ -98,8 +236,21 @@ class OptimizationAttack:
         keys = [s.key for s in shared_tensor_specs(gm.model, gm.adapter, self.settings.match)]
         return keys
 
+    def prepare(self) -> None:
+        """Load what the attack needs once per run (the LM prior); errors surface here."""
+        if self.settings.uses_prior and self._prior_model is None:
+            self._prior_model = load_prior_model(self.settings.prior)
+
+    def prior_for(self, knowledge: ServerKnowledge) -> LanguagePrior | None:
+        """The prior, speaking the victim's vocabulary; None when the settings use none."""
+        if not self.settings.uses_prior:
+            return None
+        self.prepare()
+        model, tokenizer = self._prior_model
+        return CausalLMPrior(self.settings.prior, model, tokenizer, knowledge.tokenizer)
+
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
-        check_optimization_applies(knowledge, self.name)
+        check_optimization_applies(knowledge, self.name, self.settings.label_search)
         keys = self._match_keys(update, knowledge)
         if keys is not None and not set(keys) <= set(update.tensors):
             raise GradleakError(
@@ -107,31 +258,93 @@ class OptimizationAttack:
                 "choose a subset of what the client shares"
             )
 
-    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
-        self.check(update, knowledge)
+    def workspace(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Workspace:
+        """The attacker's model copy, matcher and vocabulary for one update."""
         s = self.settings
-        generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
         matcher = GradientMatcher(
             update,
             knowledge,
             DISTANCES[s.distance],
             mode=s.attacker_mode,
             keys=self._match_keys(update, knowledge),
+            skip_null_targets=s.distance == "cos",
         )
         gm = knowledge.global_model
         embedding = gm.adapter.token_embedding(unwrap(matcher.model)).weight.detach()
-        allowed = allowed_token_mask(knowledge.tokenizer, embedding.shape[0])
-        dummy = self._init_dummy(knowledge, embedding, generator)
+        template = knowledge.template_ids
+        return Workspace(
+            matcher=matcher,
+            embedding=embedding,
+            allowed=allowed_token_mask(knowledge.tokenizer, embedding.shape[0]),
+            template=template,
+            fixed=embedding[template.clamp(min=0)],
+            is_lm=gm.task == "causal_lm",
+            chunk=self._score_chunk(matcher, template.shape[0]),
+        )
+
+    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
+        self.check(update, knowledge)
+        s = self.settings
+        prior = self.prior_for(knowledge)  # before seeding: loading a model reseeds torch
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
+        ws = self.workspace(update, knowledge)
+        matcher = ws.matcher
+        assignments = label_assignments(knowledge, s.label_search)
+        if s.label_search == "full" and len(assignments) > 1:
+            outcomes = []
+            for labels in assignments:
+                matcher.labels = labels
+                outcomes.append(self._attack(ws, [labels], prior, generator))
+            chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].best_loss)
+            outcome = outcomes[chosen]
+            outcome.info["labels"] = assignments[chosen]["label"].tolist()
+            outcome.info["label_losses"] = [o.best_loss for o in outcomes]
+        else:
+            outcome = self._attack(ws, assignments, prior, generator)
+        with torch.no_grad():
+            ids = ws.ids(outcome.free)
+        token_ids = [
+            row[:length].tolist() for row, length in zip(ids, knowledge.lengths, strict=True)
+        ]
+        info = {"best_loss": outcome.best_loss, "steps": s.steps, **outcome.info}
+        if matcher.null_keys:
+            info["unmatched_null_tensors"] = matcher.null_keys
+        return Reconstruction(token_ids=token_ids, info=info)
+
+    def _score_chunk(self, matcher: GradientMatcher, batch_size: int) -> int:
+        """Candidates per vectorized scoring call, within a fixed memory budget."""
+        if self.settings.score_batch is not None:
+            return self.settings.score_batch
+        per_candidate = 4 * 3 * matcher.gradient_numel() * batch_size
+        return max(1, min(64, SCORE_MEMORY_BYTES // per_candidate))
+
+    def _attack(
+        self,
+        ws: Workspace,
+        assignments: list[dict[str, torch.Tensor] | None],
+        prior: LanguagePrior | None,
+        generator: torch.Generator,
+    ) -> _Outcome:
+        """Start, then alternate continuous steps and discrete rounds; keep the best iterate."""
+        s = self.settings
+        info: dict[str, Any] = {}
+        free = self._start(ws, assignments, generator, info)
+        init_size = info.get("init_size")
+        dummy = DummyBatch(free=free, fixed=ws.fixed, free_mask=ws.free_mask)
         dummy.free.requires_grad_(True)
         optimizer = torch.optim.Adam([dummy.free], lr=s.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, s.lr_decay_every, gamma=s.lr_decay)
-        is_lm = gm.task == "causal_lm"
         best_loss, best_free = float("inf"), dummy.free.detach().clone()
+        accepted: Counter[str] = Counter()
+        rounds = 0
         for step in range(s.steps):
             optimizer.zero_grad(set_to_none=True)
-            lm_targets = self._current_ids(dummy, knowledge, embedding, allowed) if is_lm else None
-            loss = matcher.loss(dummy.embeds(), lm_targets)
+            lm_targets = ws.ids(dummy.free) if ws.is_lm else None
+            loss = ws.matcher.loss(dummy.embeds(), lm_targets)
+            if s.alpha_reg > 0:
+                norms = dummy.free.norm(dim=-1)[ws.free_mask[..., 0]]
+                loss = loss + s.alpha_reg * (norms.mean() - init_size) ** 2
             if not torch.isfinite(loss):
                 raise AttackFailed(
                     f"{self.name}: the matching loss became {loss.item()} at step {step}"
@@ -141,28 +354,108 @@ class OptimizationAttack:
             loss.backward()
             optimizer.step()
             scheduler.step()
-        dummy.free = best_free
+            if self._discrete_due(step):
+                self._discrete_round(ws, dummy, prior, generator, accepted)
+                rounds += 1
+        if s.discrete_every > 0:
+            info["discrete_rounds"] = rounds
+            info["accepted_transforms"] = dict(sorted(accepted.items()))
+            info["prior"] = prior.name if prior is not None else NO_PRIOR
+        return _Outcome(free=best_free, best_loss=best_loss, info=info)
+
+    def _start(
+        self,
+        ws: Workspace,
+        assignments: list[dict[str, torch.Tensor] | None],
+        generator: torch.Generator,
+        info: dict[str, Any],
+    ) -> torch.Tensor:
+        """The starting free embeddings (and, with unknown labels, the labels to use)."""
+        s = self.settings
+        batch, length = ws.template.shape
+        shape = (batch, length, ws.embedding.shape[1])
+        if s.rescale_init or s.alpha_reg > 0:
+            size = s.init_size or init.mean_embedding_norm(ws.embedding, ws.allowed)
+            info["init_size"] = size
+        if s.n_init == 1 and len(assignments) == 1:
+            free = torch.randn(*shape, generator=generator)  # DLG/TAG: one draw, no scoring
+        else:
+            group = ws.chunk or 32
+
+            def scorer(labels):
+                def score(candidates: torch.Tensor) -> torch.Tensor:
+                    ws.matcher.labels = labels
+                    return ws.score(candidates)
+
+                return score
+
+            start = init.best_gaussian(
+                s.n_init, shape, [scorer(a) for a in assignments], generator, group
+            )
+            ws.matcher.labels = assignments[start.assignment]
+            if s.n_init > 1:
+                start = init.best_permutation(
+                    start, ws.free_positions, s.n_init, ws.score, generator, group
+                )
+            info["init_loss"] = start.loss
+            info["init_permutations_accepted"] = start.accepted_permutations
+            if len(assignments) > 1:
+                info["labels"] = assignments[start.assignment]["label"].tolist()
+            free = start.free
+        if s.rescale_init:
+            free = init.rescale(free, info["init_size"])
+        return free
+
+    def _discrete_due(self, step: int) -> bool:
+        """LAMP's schedule: after the burn-in, at steps 1, 1 + N, 1 + 2N, ... (mod N)."""
+        s = self.settings
+        if s.discrete_every == 0 or step < s.discrete_burnin * s.steps:
+            return False
+        return (step - 1) % s.discrete_every == 0
+
+    def _discrete_round(
+        self,
+        ws: Workspace,
+        dummy: DummyBatch,
+        prior: LanguagePrior | None,
+        generator: torch.Generator,
+        accepted: Counter[str],
+    ) -> None:
+        """For each sentence in turn, try reorderings of its free embeddings and keep the one
+        with the lowest matching loss plus ``alpha_lm`` x prior cross-entropy of its tokens
+        (the prior's mean is over the whole batch's tokens, as the batch is what is scored)."""
+        s = self.settings
         with torch.no_grad():
-            ids = self._current_ids(dummy, knowledge, embedding, allowed)
-        lengths = knowledge.lengths
-        token_ids = [row[:length].tolist() for row, length in zip(ids, lengths, strict=True)]
-        return Reconstruction(token_ids=token_ids, info={"best_loss": best_loss, "steps": s.steps})
-
-    @staticmethod
-    def _current_ids(dummy, knowledge, embedding, allowed) -> torch.Tensor:
-        projected = project_to_tokens(dummy.free.detach(), embedding, allowed)
-        template = knowledge.template_ids
-        return torch.where(template >= 0, template, projected)
-
-    @staticmethod
-    def _init_dummy(
-        knowledge: ServerKnowledge, embedding: torch.Tensor, generator: torch.Generator
-    ) -> DummyBatch:
-        template = knowledge.template_ids
-        batch, length = template.shape
-        free = torch.randn(batch, length, embedding.shape[1], generator=generator)
-        fixed = embedding[template.clamp(min=0)]
-        return DummyBatch(free=free, fixed=fixed, free_mask=(template < 0)[..., None])
+            free = dummy.free.detach()  # shares storage: accepted moves update the iterate
+            batch, length = ws.template.shape
+            ids = ws.ids(free)
+            if prior is not None:
+                contents = [ids[b, ws.free_positions[b]].tolist() for b in range(batch)]
+                sums, counts = prior.sentence_nll(contents)
+            for b in range(batch):
+                slots = ws.free_positions[b]
+                if len(slots) < 2:
+                    continue
+                perms = candidate_permutations(slots.tolist(), length, s.candidates, generator)
+                unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
+                candidates = free.expand(len(unique), -1, -1, -1).clone()
+                candidates[:, b] = free[b][unique]
+                score = ws.score(candidates).double()
+                if prior is not None:
+                    cand_sums, cand_counts = prior.sentence_nll(ids[b][unique][:, slots].tolist())
+                    other_sum, other_count = sums.sum() - sums[b], counts.sum() - counts[b]
+                    lm = (cand_sums + other_sum) / (cand_counts + other_count).clamp(min=1)
+                    score = score + s.alpha_lm * lm
+                per_candidate = torch.nan_to_num(score, nan=float("inf"))[inverse]
+                k = int(per_candidate.argmin())  # ties keep the first: the identity
+                u = int(inverse[k])
+                if torch.equal(unique[u], perms[0]):
+                    continue
+                free[b] = free[b][unique[u]]
+                ids[b] = ids[b][unique[u]]
+                if prior is not None:
+                    sums[b], counts[b] = cand_sums[u], cand_counts[u]
+                accepted[transform_of(k)] += 1
 
 
 def dlg(steps: int = 2500, **overrides) -> OptimizationAttack:

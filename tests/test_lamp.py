@@ -1,0 +1,350 @@
+"""LAMP: transforms, batched scoring, the two-step start, the prior, unknown labels, recovery."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from conftest import encode
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from typer.testing import CliRunner
+
+from gradleak import experiment, metrics
+from gradleak.attacks import ATTACKS, make_attack, optimization
+from gradleak.attacks import initialization as init
+from gradleak.attacks.discrete import TRANSFORMS, candidate_permutations, transform_order
+from gradleak.attacks.optimization import DummyBatch, OptimizationAttack, OptimizationSettings
+from gradleak.attacks.prior import CausalLMPrior
+from gradleak.cli import app
+from gradleak.config import validate_config
+from gradleak.data import Example
+from gradleak.errors import GradleakError
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+
+SENTENCE = [Example("the cat sat on the mat", label=1)]
+TINY_LAMP = {"prior": "none", "n_init": 8, "candidates": 16, "score_batch": 8}
+
+
+def scenario(victim, examples=SENTENCE, **knowledge):
+    batch = encode(victim, examples)
+    gm = GlobalModel.build(victim, Protocol(mode="eval"))
+    return batch, compute_update(gm, batch, seed=0), server_knowledge(gm, batch, **knowledge)
+
+
+# --- discrete transforms ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TRANSFORMS)
+def test_every_transform_is_a_permutation(kind):
+    generator = torch.Generator().manual_seed(0)
+    changed = 0
+    for m in range(1, 9):
+        for _ in range(30):
+            order = transform_order(kind, m, generator)
+            assert sorted(order) == list(range(m))
+            changed += order != list(range(m))
+    assert changed > 0
+
+
+def test_candidates_move_only_free_positions_of_the_real_text():
+    # [CLS] w w w w w [SEP] [PAD] [PAD]: free positions 1..5, length 9 with padding.
+    free, length = [1, 2, 3, 4, 5], 9
+    perms = candidate_permutations(free, length, 200, torch.Generator().manual_seed(1))
+    assert perms.shape == (200, length)
+    assert torch.equal(perms[0], torch.arange(length))
+    fixed = [p for p in range(length) if p not in free]
+    for perm in perms:
+        assert sorted(perm.tolist()) == list(range(length))
+        assert perm[fixed].tolist() == fixed
+    assert len({tuple(p.tolist()) for p in perms}) > 20  # the candidates differ
+
+
+# --- batched scoring ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "distance"),
+    [
+        ("tiny-bert", "classification", "cos"),
+        ("tiny-bert", "classification", "tag"),
+        ("tiny-gpt2", "causal_lm", "cos"),
+    ],
+)
+def test_batched_scores_equal_one_by_one_scores(tiny_victim, name, task, distance):
+    victim = tiny_victim(name, task)
+    _, update, knowledge = scenario(victim)
+    attack = OptimizationAttack("lamp", OptimizationSettings(distance=distance))
+    ws = attack.workspace(update, knowledge)
+    free = torch.randn(5, *knowledge.template_ids.shape, ws.embedding.shape[1])
+    ws.chunk = 3  # two vectorized calls, the second one partial
+    batched = ws.score(free)
+    ws.chunk = 0
+    one_by_one = ws.score(free)
+    loop = torch.stack(
+        [
+            ws.matcher.loss(
+                torch.where(ws.free_mask, f, ws.fixed), ws.ids(f) if ws.is_lm else None
+            ).detach()
+            for f in free
+        ]
+    )
+    assert torch.allclose(batched, one_by_one, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(batched, loop, rtol=1e-4, atol=1e-6)
+
+
+def test_cosine_matching_skips_the_null_key_bias_gradient(tiny_victim):
+    _, update, knowledge = scenario(tiny_victim("tiny-bert"))
+    ws = OptimizationAttack("lamp", OptimizationSettings(distance="cos")).workspace(
+        update, knowledge
+    )
+    assert ws.matcher.null_keys == [
+        "bert.encoder.layer.0.attention.self.key.bias",
+        "bert.encoder.layer.1.attention.self.key.bias",
+    ]
+    tag_ws = OptimizationAttack("tag", OptimizationSettings()).workspace(update, knowledge)
+    assert tag_ws.matcher.null_keys == []  # DLG/TAG match exactly what they did before
+
+
+# --- the two-step start --------------------------------------------------------------------
+
+
+def test_init_picks_the_lowest_loss_candidate_however_candidates_are_grouped():
+    shape = (1, 4, 3)
+
+    def score(candidates):
+        return candidates.sum(dim=(1, 2, 3))
+
+    picks = [
+        init.best_gaussian(20, shape, [score], torch.Generator().manual_seed(3), group)
+        for group in (1, 7, 20)
+    ]
+    candidates = init.gaussian_candidates(20, shape, torch.Generator().manual_seed(3))
+    losses = score(candidates)
+    for pick in picks:
+        assert pick.loss == pytest.approx(float(losses.min()))
+        assert torch.equal(pick.free, candidates[int(losses.argmin())])
+    # With two label assignments the (candidate, assignment) pair with the lowest loss wins.
+    pick = init.best_gaussian(
+        20, shape, [score, lambda c: score(c) - 100], torch.Generator().manual_seed(3), 5
+    )
+    assert pick.assignment == 1
+
+
+def test_permutation_step_keeps_specials_and_only_accepts_improvements():
+    free = torch.arange(6.0)[None, :, None].repeat(1, 1, 2)  # position p holds value p
+    slots = [torch.tensor([1, 2, 3, 4])]
+    start = init.InitResult(free=free, loss=-100.0, assignment=0)
+
+    def prefers_descending(candidates):
+        inner = candidates[:, 0, 1:5, 0]
+        return -(inner * torch.tensor([4.0, 3.0, 2.0, 1.0])).sum(dim=1)
+
+    kept = init.best_permutation(start, slots, 50, prefers_descending, torch.Generator(), 10)
+    assert kept.free is free  # no order reaches -100
+    better = init.best_permutation(
+        init.InitResult(free=free, loss=float("inf"), assignment=0),
+        slots,
+        200,
+        prefers_descending,
+        torch.Generator().manual_seed(0),
+        10,
+    )
+    assert better.free[0, [0, 5], 0].tolist() == [0.0, 5.0]
+    assert better.free[0, 1:5, 0].tolist() == [4.0, 3.0, 2.0, 1.0]
+
+
+def test_start_is_rescaled_to_the_mean_token_embedding_norm(tiny_victim):
+    _, update, knowledge = scenario(tiny_victim("tiny-bert"))
+    attack = make_attack("lamp-cos", steps=1, **TINY_LAMP)
+    ws = attack.workspace(update, knowledge)
+    info: dict = {}
+    free = attack._start(ws, [knowledge.labels], torch.Generator().manual_seed(0), info)
+    expected = init.mean_embedding_norm(ws.embedding, ws.allowed)
+    assert info["init_size"] == pytest.approx(expected)
+    assert torch.allclose(free.norm(dim=-1), torch.full(free.shape[:2], expected))
+    assert expected != pytest.approx(1.4)  # computed from this vocabulary, not BERT-base's
+
+
+# --- schedule, settings ------------------------------------------------------------------------
+
+
+def test_discrete_schedule_follows_the_reference():
+    attack = make_attack("lamp-cos")
+    rounds = [step for step in range(2000) if attack._discrete_due(step)]
+    assert rounds[0] == 226 and rounds[-1] == 1951 and len(rounds) == 24
+    assert not any(make_attack("tag")._discrete_due(step) for step in range(2000))
+
+
+def test_lamp_defaults_are_the_reference_scripts():
+    cos, l2l1 = make_attack("lamp-cos").settings, make_attack("lamp-l2l1").settings
+    for s in (cos, l2l1):
+        assert (s.steps, s.lr, s.lr_decay, s.n_init, s.candidates) == (2000, 0.01, 0.89, 500, 200)
+        assert (s.discrete_every, s.prior, s.rescale_init) == (75, "smollm2", True)
+    assert (cos.distance, cos.alpha_lm, cos.alpha_reg) == ("cos", 0.2, 1.0)
+    assert (l2l1.distance, l2l1.alpha_lm, l2l1.alpha_reg) == ("tag", 60.0, 25.0)
+    assert {"lamp-cos", "lamp-l2l1"} <= set(ATTACKS)
+
+
+def test_bad_prior_is_a_one_line_error():
+    with pytest.raises(GradleakError, match="LM prior") as error:
+        make_attack("lamp-cos", prior="no-such-model").prepare()
+    assert "\n" not in str(error.value)
+    with pytest.raises(GradleakError, match="causal"):
+        make_attack("lamp-cos", prior="tiny-bert").prepare()
+
+
+# --- the LM prior --------------------------------------------------------------------------
+
+
+def _manual_nll(model, ids):
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum")
+
+
+def test_prior_with_the_victims_vocabulary_reads_ids_directly(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    lm = tiny_victim("tiny-gpt2", "causal_lm")
+    prior = CausalLMPrior("tiny-gpt2", lm.model, lm.tokenizer, victim.tokenizer)
+    assert prior.same_vocab
+    ids = victim.tokenizer("the cat sat", add_special_tokens=False)["input_ids"]
+    assert prior.prior_ids(ids) == [victim.tokenizer.cls_token_id, *ids]  # BOS, then the text
+    sums, counts = prior.sentence_nll([ids, ids[::-1], ids])
+    assert counts.tolist() == [len(ids)] * 3
+    with torch.no_grad():
+        assert sums[0] == pytest.approx(float(_manual_nll(lm.model, prior.prior_ids(ids))), 1e-4)
+        reverse = float(_manual_nll(lm.model, prior.prior_ids(ids[::-1])))
+    assert sums[1] == pytest.approx(reverse, 1e-4)  # padding in a shared pass changes nothing
+
+
+def test_prior_with_another_vocabulary_retokenizes_the_decoded_text(tiny_victim):
+    words = ["<bos>", "<pad>", "<unk>", "the", "cat", "sat", "on", "mat"]
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=1, n_head=2))
+    victim = tiny_victim("tiny-bert")
+    prior = CausalLMPrior("word-lm", lm, tokenizer, victim.tokenizer)
+    assert not prior.same_vocab
+    ids = victim.tokenizer("the cat sat on the mat", add_special_tokens=False)["input_ids"]
+    assert prior.prior_ids(ids) == [0, 3, 4, 5, 6, 3, 7]
+    sums, counts = prior.sentence_nll([ids, ids[:2]])
+    assert counts.tolist() == [6, 2]
+    with torch.no_grad():
+        assert sums[0] == pytest.approx(float(_manual_nll(lm, [0, 3, 4, 5, 6, 3, 7])), 1e-4)
+
+
+class _OraclePrior:
+    """Likes exactly one token order: every other order costs one nat per token."""
+
+    name = "oracle"
+
+    def __init__(self, truth):
+        self.truth = truth
+
+    def sentence_nll(self, sequences):
+        sums = torch.tensor([0.0 if s == self.truth else float(len(s)) for s in sequences])
+        return sums.double(), torch.tensor([float(len(s)) for s in sequences]).double()
+
+
+def test_discrete_round_restores_the_order_a_prior_prefers(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    batch, update, knowledge = scenario(victim)
+    attack = make_attack("lamp-cos", **TINY_LAMP | {"candidates": 200, "alpha_lm": 10.0})
+    ws = attack.workspace(update, knowledge)
+    true_ids = batch.input_ids[0]
+    shuffled = true_ids.clone()
+    shuffled[[2, 6]] = shuffled[[6, 2]]  # "the mat sat on the cat"
+    dummy = DummyBatch(
+        free=ws.embedding[shuffled][None].clone(), fixed=ws.fixed, free_mask=ws.free_mask
+    )
+    accepted: Counter = Counter()
+    prior = _OraclePrior(true_ids[1:-1].tolist())
+    attack._discrete_round(ws, dummy, prior, torch.Generator().manual_seed(0), accepted)
+    assert ws.ids(dummy.free)[0].tolist() == true_ids.tolist()
+    assert sum(accepted.values()) == 1
+
+
+# --- whole attacks -----------------------------------------------------------------------
+
+
+def test_lamp_recovers_a_known_sentence_on_a_tiny_model(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim)
+    budget = {"steps": 300, "lr": 0.05, "lr_decay": 1.0, "discrete_every": 25, "n_init": 32}
+    attack = make_attack("lamp-cos", **TINY_LAMP | budget)
+    result = attack.run(update, knowledge, seed=0)
+    prediction = victim.tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
+    strict = metrics.strict_scores([prediction], ["the cat sat on the mat"])
+    assert strict.means["rouge1"] >= 90, prediction
+    assert result.token_ids[0][0] == victim.tokenizer.cls_token_id
+    assert result.token_ids[0][-1] == victim.tokenizer.sep_token_id
+    assert result.info["discrete_rounds"] == len(range(51, 300, 25))
+    assert result.info["init_size"] > 0
+
+
+def test_lamp_with_a_tiny_causal_lm_prior_runs_and_is_deterministic(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim)
+    lm = tiny_victim("tiny-gpt2", "causal_lm")
+    settings = make_attack(
+        "lamp-cos", steps=12, discrete_every=5, **TINY_LAMP | {"prior": "tiny-gpt2"}
+    ).settings
+    runs = [
+        OptimizationAttack("lamp-cos", settings, prior_model=(lm.model, lm.tokenizer)).run(
+            update, knowledge, seed=1
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].info["prior"] == "tiny-gpt2"
+    assert runs[0].info["discrete_rounds"] == 2
+
+
+def test_unknown_binary_label_is_searched(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim, known_labels=False)
+    with pytest.raises(GradleakError, match="known labels"):
+        make_attack("lamp-cos", steps=1, **TINY_LAMP).check(update, knowledge)
+    for search in ("init", "full"):
+        attack = make_attack("lamp-cos", steps=3, label_search=search, **TINY_LAMP)
+        result = attack.run(update, knowledge, seed=0)
+        assert result.info["labels"] == [1]  # the true label
+    assert len(result.info["label_losses"]) == 2
+
+
+def test_cli_runs_lamp_and_loads_the_prior_once(tmp_path, monkeypatch):
+    out = tmp_path / "lamp.json"
+    result = CliRunner().invoke(
+        app,
+        ["attack", "--attack", "lamp-cos", "--model", "tiny-bert", "--mode", "eval"]
+        + ["--steps", "20", "--prior", "none", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert record["config"]["attack_settings"]["prior"] == "none"
+    assert record["samples"][0]["info"]["init_size"] > 0
+
+    loads = []
+    real = optimization.load_prior_model
+    monkeypatch.setattr(
+        optimization, "load_prior_model", lambda name: loads.append(name) or real(name)
+    )
+    config = validate_config(
+        model="tiny-bert",
+        n_inputs=2,
+        protocol={"mode": "eval"},
+        attack="lamp-cos",
+        attack_settings={"steps": 3, "n_init": 2, "candidates": 4, "prior": "tiny-gpt2"},
+    )
+    experiment.run(config)
+    assert loads == ["tiny-gpt2"]
