@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import encode
 
+from gradleak.attacks import make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -110,8 +111,34 @@ def test_update_without_first_layer_projections_is_an_error(tiny_victim):
 
 
 def test_fixed_thresholds_can_be_set(tiny_victim):
-    # k and v only: in this 2-layer model layer 2 is the last, where only the pooled token's
-    # query gets gradient, so q alone would span too little there.
+    # A subset of the projections (k and v) is enough for exact recovery.
     settings = DagerSettings(l1_threshold=1e-3, l2_threshold=1e-3, projections="kv")
     decoded, _ = attack(tiny_victim("tiny-llama"), Protocol(mode="eval"), settings=settings)
     assert decoded == ["a dog ran home", "the cat sat on the mat"]
+
+
+def test_long_classification_sentences_on_a_learned_position_decoder(tiny_victim):
+    """Longer than the heads x projections rank a last-layer check would have (the reason
+    DAGER needs a layer after layer 2)."""
+    examples = [
+        Example("sam failed his driving test again this morning", label=0),
+        Example("tom owes the bank eighteen thousand dollars on his student loan", label=1),
+    ]
+    decoded, _ = attack(tiny_victim("tiny-gpt2"), Protocol(mode="eval"), examples)
+    assert decoded == sorted(e.text for e in examples)
+
+
+def test_second_layer_that_is_the_last_layer_is_a_clear_error(tiny_victim):
+    victim = tiny_victim("tiny-gpt2")
+    victim.model.transformer.h = victim.model.transformer.h[:2]  # a 2-layer GPT-2
+    victim.model.config.n_layer = 2
+    with pytest.raises(GradleakError, match="3 or more layers"):
+        attack(victim, Protocol(mode="eval"))
+
+
+def test_dager_is_built_by_name_and_rejects_optimization_settings():
+    attack_ = make_attack("dager", rank_tol=1e-6, max_beam=8)
+    assert isinstance(attack_, DagerAttack)
+    assert attack_.settings.rank_tol == 1e-6 and attack_.settings.max_beam == 8
+    with pytest.raises(GradleakError, match="bad settings for attack dager: steps"):
+        make_attack("dager", steps=10)

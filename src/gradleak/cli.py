@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gradleak import experiment
-from gradleak.attacks import ATTACKS
+from gradleak.attacks import ATTACKS, EXACT_ATTACKS
 from gradleak.config import RunConfig, validate_config
 from gradleak.data import DATASETS, dataset_status
 from gradleak.errors import GradleakError
@@ -144,7 +144,7 @@ def attack(
     known_labels: Annotated[bool, typer.Option(help="the server knows the labels")] = True,
     known_lengths: Annotated[bool, typer.Option(help="the server knows sequence lengths")] = True,
     attack_name: Annotated[
-        str, typer.Option("--attack", help="attack: " + ", ".join(ATTACKS))
+        str, typer.Option("--attack", help="attack: " + ", ".join([*ATTACKS, *EXACT_ATTACKS]))
     ] = "tag",
     steps: Annotated[int | None, typer.Option(help="optimization steps (attack default)")] = None,
     attack_lr: Annotated[float | None, typer.Option(help="attack learning rate")] = None,
@@ -177,6 +177,28 @@ def attack(
     label_search: Annotated[
         str | None,
         typer.Option(help="unknown labels: none | init (pick at the start) | full (run each)"),
+    ] = None,
+    projections: Annotated[
+        str | None, typer.Option(help="DAGER: which of q, k, v span the check (e.g. qkv)")
+    ] = None,
+    rank_tol: Annotated[
+        float | None,
+        typer.Option(help="DAGER: relative singular-value cut (default: at the largest drop)"),
+    ] = None,
+    l1_threshold: Annotated[
+        float | None, typer.Option(help="DAGER: layer-1 span distance cut (default: adaptive)")
+    ] = None,
+    l2_threshold: Annotated[
+        float | None, typer.Option(help="DAGER: layer-2 span distance cut (default: adaptive)")
+    ] = None,
+    max_beam: Annotated[
+        int | None, typer.Option(help="DAGER: decoder prefixes kept per position")
+    ] = None,
+    max_combinations: Annotated[
+        int | None, typer.Option(help="DAGER: encoder sentences tried per length")
+    ] = None,
+    max_sequences: Annotated[
+        int | None, typer.Option(help="DAGER: decoder search budget in candidate sequences")
     ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
     out: Annotated[str | None, typer.Option(help="write the JSON record here (resumable)")] = None,
@@ -226,6 +248,13 @@ def attack(
                 "discrete_every": discrete_every,
                 "candidates": candidates,
                 "label_search": label_search,
+                "projections": projections,
+                "rank_tol": rank_tol,
+                "l1_threshold": l1_threshold,
+                "l2_threshold": l2_threshold,
+                "max_beam": max_beam,
+                "max_combinations": max_combinations,
+                "max_sequences": max_sequences,
             },
         )
         record = run_with_progress(config, out)

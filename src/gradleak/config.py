@@ -30,6 +30,14 @@ class AttackSettings(BaseModel):
     candidates: int | None = Field(None, ge=1)
     label_search: str | None = Field(None, pattern="^(none|init|full)$")
 
+    projections: str | None = Field(None, pattern="^[qkv]+$")
+    rank_tol: float | None = Field(None, gt=0)
+    l1_threshold: float | None = Field(None, gt=0)
+    l2_threshold: float | None = Field(None, gt=0)
+    max_beam: int | None = Field(None, ge=1)
+    max_combinations: int | None = Field(None, ge=1)
+    max_sequences: int | None = Field(None, ge=1)
+
 
 class RunConfig(BaseModel):
     """Everything that determines a run's result (the same config and seed give the same

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradleak.attacks.base import Attack, AttackFailed, Reconstruction
+from gradleak.attacks.dager import DagerAttack, DagerSettings
 from gradleak.attacks.optimization import OptimizationAttack, OptimizationSettings
 from gradleak.errors import GradleakError
 
@@ -44,10 +45,28 @@ ATTACKS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+# Attacks that are not embedding optimizations: name -> (description, settings class, class).
+EXACT_ATTACKS: dict[str, tuple[str, type, type]] = {
+    "dager": (
+        "DAGER: exact recovery from the span of layer-1/2 q/k/v gradients (Petrov et al. 2024)",
+        DagerSettings,
+        DagerAttack,
+    ),
+}
+
+
 def make_attack(name: str, **settings: Any) -> Attack:
     """Build attack ``name``; ``settings`` override its defaults (None values are ignored)."""
+    if name in EXACT_ATTACKS:
+        _, settings_class, attack_class = EXACT_ATTACKS[name]
+        given = {k: v for k, v in settings.items() if v is not None}
+        try:
+            return attack_class(settings_class(**given))
+        except ValueError as exc:
+            raise GradleakError(f"bad settings for attack {name}: {_first_error(exc)}") from None
     if name not in ATTACKS:
-        raise GradleakError(f"unknown attack '{name}': use one of {', '.join(ATTACKS)}")
+        known = ", ".join([*ATTACKS, *EXACT_ATTACKS])
+        raise GradleakError(f"unknown attack '{name}': use one of {known}")
     _, defaults = ATTACKS[name]
     given = {k: v for k, v in settings.items() if v is not None}
     try:
@@ -66,6 +85,7 @@ def _first_error(exc: ValueError) -> str:
 
 __all__ = [
     "ATTACKS",
+    "EXACT_ATTACKS",
     "Attack",
     "AttackFailed",
     "OptimizationAttack",

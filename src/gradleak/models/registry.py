@@ -113,13 +113,18 @@ MODELS: dict[str, ModelSpec] = {
             "llama",
             _smollm2_gguf_dir,
         ),
-        ModelSpec("tiny-bert", "random-init 2-layer BERT, hidden 64 (tests)", "bert", _minilm_dir),
-        ModelSpec("tiny-gpt2", "random-init 2-layer GPT-2, hidden 64 (tests)", "gpt2", _minilm_dir),
+        ModelSpec("tiny-bert", "random-init 3-layer BERT, hidden 64 (tests)", "bert", _minilm_dir),
+        ModelSpec("tiny-gpt2", "random-init 3-layer GPT-2, hidden 64 (tests)", "gpt2", _minilm_dir),
         ModelSpec(
-            "tiny-llama", "random-init 2-layer Llama, hidden 64 (tests)", "llama", _minilm_dir
+            "tiny-llama", "random-init 3-layer Llama, hidden 64 (tests)", "llama", _minilm_dir
         ),
     ]
 }
+
+
+# Three layers, not two: DAGER checks layer 2, and when layer 2 is the last layer a
+# one-position (classification) loss leaves its gradient rank-deficient.
+TINY_LAYERS = 3
 
 
 def _tiny_config(name: str, tokenizer: PreTrainedTokenizerBase) -> AutoConfig:
@@ -133,7 +138,7 @@ def _tiny_config(name: str, tokenizer: PreTrainedTokenizerBase) -> AutoConfig:
     if name == "tiny-bert":
         return BertConfig(
             hidden_size=64,
-            num_hidden_layers=2,
+            num_hidden_layers=TINY_LAYERS,
             num_attention_heads=4,
             intermediate_size=128,
             max_position_embeddings=128,
@@ -142,7 +147,7 @@ def _tiny_config(name: str, tokenizer: PreTrainedTokenizerBase) -> AutoConfig:
     if name == "tiny-gpt2":
         return GPT2Config(
             n_embd=64,
-            n_layer=2,
+            n_layer=TINY_LAYERS,
             n_head=4,
             n_positions=128,
             bos_token_id=tokenizer.cls_token_id,
@@ -151,7 +156,7 @@ def _tiny_config(name: str, tokenizer: PreTrainedTokenizerBase) -> AutoConfig:
         )
     return LlamaConfig(
         hidden_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=TINY_LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,

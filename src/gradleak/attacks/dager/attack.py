@@ -165,6 +165,20 @@ class DagerAttack:
         gm = knowledge.global_model
         if gm.adapter is None:
             raise GradleakError("dager needs a model family with an adapter")
+        if (
+            gm.task == "classification"
+            and not gm.adapter.rotary_positions
+            and gm.adapter.num_layers(unwrap(gm.model)) <= 2
+        ):
+            # A classification loss reads one position of the last layer, so there every key
+            # gradient is parallel to that one query and every value gradient to one output
+            # per head: the second layer's span misses tokens when it is the last layer.
+            # (Rotary positions rotate each key differently and keep the rank.)
+            raise GradleakError(
+                f"dager's second-layer check needs a layer after it, and this "
+                f"{gm.adapter.family} model has only 2 layers with a one-position "
+                "classification loss: attack a model with 3 or more layers or use --task causal_lm"
+            )
         for layer in (0, 1):
             check = self._span_check(update, knowledge, layer)
             if check is None:
