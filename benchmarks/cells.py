@@ -11,8 +11,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+from report import write_results
+
 from gradleak import experiment
 from gradleak.config import validate_config
+
+DATASETS = ("cola", "sst2", "rotten_tomatoes")
+
+
+def cell(
+    model: str,
+    dataset: str,
+    batch_size: int,
+    batches: int,
+    data_dir: str | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """The RunConfig fields of one cell: ``batches`` inputs of ``batch_size`` in LAMP's order."""
+    return {
+        "model": model,
+        "dataset": dataset,
+        "data_dir": data_dir,
+        "n_inputs": batches,
+        "batch_size": batch_size,
+        **fields,
+    }
+
+
+def run_suite(out_dir: Path, suite: str, cells: list[tuple[str, dict[str, Any]]]) -> None:
+    """Run a suite's cells and write its table."""
+    started = time.perf_counter()
+    rows = run_cells(out_dir, suite, cells)
+    for path in write_results(out_dir, suite, rows, started, notes=f"{len(cells)} cells."):
+        print(f"wrote {path}")
 
 
 def run_cells(

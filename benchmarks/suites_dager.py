@@ -1,0 +1,95 @@
+"""DAGER benchmark suites (issue shapes: DAGER's decoder, encoder, FedAvg and LoRA tables, and
+Wang & Li's realistic dropout client). DAGER attacks with unknown lengths, as in its paper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cells import DATASETS, cell, run_suite
+
+
+def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | None, **extra):
+    protocol = {"mode": "train", **extra.pop("protocol", {})}
+    return cell(
+        model, dataset, batch, batches, data_dir, attack="dager", known_lengths=False,
+        protocol=protocol, **extra,
+    )  # fmt: skip
+
+
+def dager_decoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """SmolLM2 in train mode (it has no dropout), classification and next-token prediction."""
+    cells = [
+        (f"smollm2-{task}-{ds}-B{b}", _dager("smollm2", ds, b, batches, data_dir, task=task))
+        for task in ("classification", "causal_lm")
+        for ds in DATASETS
+        for b in (1, 2, 4, 8, 16, 32)
+    ]
+    cells += [  # the absolute-position (GPT-2) path on a random-init model
+        (f"tiny-gpt2-classification-{ds}-B{b}", _dager("tiny-gpt2", ds, b, batches, data_dir))
+        for ds in DATASETS
+        for b in (1, 4)
+    ]
+    run_suite(out_dir, "dager_decoder", cells)
+
+
+def dager_encoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """MiniLM with an eval-mode client (DAGER's BERT setting)."""
+    cells = [
+        (
+            f"minilm-{ds}-B{b}",
+            _dager("minilm", ds, b, batches, data_dir, protocol={"mode": "eval"}),
+        )
+        for ds in DATASETS
+        for b in (1, 2, 4, 8)
+    ]
+    run_suite(out_dir, "dager_encoder", cells)
+
+
+def dager_fedavg(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """How far exactness survives several local steps: E x lr on CoLA B=16."""
+    cells = [
+        (
+            f"smollm2-cola-B16-E{epochs}-lr{lr:g}",
+            _dager(
+                "smollm2", "cola", 16, batches, data_dir,
+                protocol={"algorithm": "fedavg", "epochs": epochs, "lr": lr},
+            ),
+        )
+        for epochs in (2, 5, 10)
+        for lr in (1e-5, 1e-4, 5e-4)
+    ]  # fmt: skip
+    run_suite(out_dir, "dager_fedavg", cells)
+
+
+def dager_lora(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    cells = [
+        (
+            f"smollm2-cola-B{b}-lora{rank}",
+            _dager("smollm2", "cola", b, batches, data_dir, protocol={"lora": {"rank": rank}}),
+        )
+        for rank in (8, 32)
+        for b in (1, 4)
+    ]
+    run_suite(out_dir, "dager_lora", cells)
+
+
+def dager_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """MiniLM's real train mode (dropout 0.1) against the eval-mode shortcut."""
+    cells = [
+        (
+            f"minilm-cola-B{b}-{mode}",
+            _dager("minilm", "cola", b, batches, data_dir, protocol={"mode": mode}),
+        )
+        for mode in ("eval", "train")
+        for b in (1, 4)
+    ]
+    run_suite(out_dir, "dager_dropout", cells)
+
+
+SUITES = {
+    "dager_decoder": dager_decoder,
+    "dager_encoder": dager_encoder,
+    "dager_fedavg": dager_fedavg,
+    "dager_lora": dager_lora,
+    "dager_dropout": dager_dropout,
+}

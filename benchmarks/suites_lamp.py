@@ -1,0 +1,86 @@
+"""Optimization-attack benchmark suites on MiniLM (issue shapes: LAMP Tables 1, 2 and 4, Wang &
+Li Tables II-IV, Li et al. Table 3). Known labels and lengths, as in those papers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cells import DATASETS, cell, run_suite
+
+OPTIMIZATION_ATTACKS = ("dlg", "tag", "lamp-cos", "lamp-l2l1")
+
+
+def _minilm(
+    dataset: str, batch: int, batches: int, data_dir: str | None, attack: str, **extra: Any
+) -> dict[str, Any]:
+    protocol = {"mode": "eval", **extra.pop("protocol", {})}
+    settings = extra.pop("attack_settings", {})
+    return cell(
+        "minilm", dataset, batch, batches, data_dir, attack=attack, protocol=protocol,
+        attack_settings=settings, **extra,
+    )  # fmt: skip
+
+
+def lamp_main(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """LAMP Table 1: the four attacks on the three datasets, B=1, eval-mode client."""
+    cells = [
+        (f"{attack}-{ds}-B1", _minilm(ds, 1, batches, data_dir, attack))
+        for ds in DATASETS
+        for attack in OPTIMIZATION_ATTACKS
+    ]
+    run_suite(out_dir, "lamp_main", cells)
+
+
+def lamp_batch(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """LAMP Table 2: batch sizes 1, 2, 4 on CoLA."""
+    cells = [
+        (f"{attack}-cola-B{b}", _minilm("cola", b, batches, data_dir, attack))
+        for b in (1, 2, 4)
+        for attack in ("tag", "lamp-cos")
+    ]
+    run_suite(out_dir, "lamp_batch", cells)
+
+
+def lamp_ablation(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """LAMP Table 4: LAMP_cos without the LM prior, the regularizer or the discrete steps."""
+    variants = {
+        "full": {},
+        "no-prior": {"alpha_lm": 0.0},
+        "no-reg": {"alpha_reg": 0.0},
+        "no-discrete": {"discrete_every": 0},
+    }
+    cells = [
+        (
+            f"lamp-cos-cola-{name}",
+            _minilm("cola", 1, batches, data_dir, "lamp-cos", attack_settings=settings),
+        )
+        for name, settings in variants.items()
+    ]
+    run_suite(out_dir, "lamp_ablation", cells)
+
+
+def lamp_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """Wang & Li Tables II/III: LAMP_cos in EVAL, TRAIN and TRAIN_EVAL at dropout 0/0.1/0.3."""
+    cells = [("lamp-cos-cola-EVAL", _minilm("cola", 1, batches, data_dir, "lamp-cos"))]
+    for dropout in (0.0, 0.1, 0.3):
+        for scenario, attacker_mode in (("TRAIN", "train"), ("TRAIN_EVAL", "eval")):
+            cells.append(
+                (
+                    f"lamp-cos-cola-{scenario}-p{dropout:g}",
+                    _minilm(
+                        "cola", 1, batches, data_dir, "lamp-cos",
+                        protocol={"mode": "train", "dropout": dropout},
+                        attack_settings={"attacker_mode": attacker_mode},
+                    ),
+                )
+            )  # fmt: skip
+    run_suite(out_dir, "lamp_dropout", cells)
+
+
+SUITES = {
+    "lamp_main": lamp_main,
+    "lamp_batch": lamp_batch,
+    "lamp_ablation": lamp_ablation,
+    "lamp_dropout": lamp_dropout,
+}

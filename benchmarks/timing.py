@@ -1,0 +1,101 @@
+"""Speed benchmarks: the cost of one continuous step, and LAMP's discrete round batched
+against the reference's one-candidate-at-a-time scoring of the same candidates."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from report import write_results
+
+from gradleak.attacks import make_attack
+from gradleak.attacks.objective import DISTANCES, GradientMatcher
+from gradleak.attacks.optimization import DummyBatch
+from gradleak.data import demo_examples, load_examples, sample_batches
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+from gradleak.models.registry import load_victim
+from gradleak.models.tasks import encode_examples
+
+
+def _scenario(model: str, examples):
+    """An eval-mode FedSGD update of ``examples`` and the server's knowledge of it."""
+    victim = load_victim(model, "classification", seed=0)
+    batch = encode_examples(victim.tokenizer, examples, "classification", 512)
+    gm = GlobalModel.build(victim, Protocol(mode="eval"))
+    return victim, batch, compute_update(gm, batch, seed=0), server_knowledge(gm, batch)
+
+
+def _mean_seconds(work, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        work()
+    begin = time.perf_counter()
+    for _ in range(repeats):
+        work()
+    return (time.perf_counter() - begin) / repeats
+
+
+def step_time(out_dir: Path, batches: int, data_dir: str | None, repeats: int = 20) -> None:
+    """Seconds per continuous step (forward plus double backward) for each distance."""
+    started = time.perf_counter()
+    rows = []
+    example = demo_examples()[0]
+    for model in ("tiny-bert", "minilm"):
+        victim, batch, update, knowledge = _scenario(model, [example])
+        for distance in ("l2", "tag", "cos"):
+            matcher = GradientMatcher(update, knowledge, DISTANCES[distance])
+            dummy = torch.randn(1, batch.input_ids.shape[1], victim.model.config.hidden_size)
+            dummy.requires_grad_(True)
+            seconds = _mean_seconds(lambda m=matcher, d=dummy: m.loss(d).backward(), repeats)
+            rows.append(
+                {
+                    "model": model,
+                    "distance": distance,
+                    "tokens": batch.input_ids.shape[1],
+                    "matched tensors": len(matcher.keys),
+                    "s/step": seconds,
+                }
+            )
+            print(rows[-1], flush=True)
+    notes = f"Mean of {repeats} steps after 2 warm-up steps; sentence: '{example.text}'."
+    for path in write_results(out_dir, "step_time", rows, started, notes):
+        print(f"wrote {path}")
+
+
+def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int = 3) -> None:
+    """LAMP_cos's discrete round (200 candidates, prior included) on MiniLM, CoLA's first
+    input: batched scoring vs one by one, the same candidates from the same generator seed."""
+    started = time.perf_counter()
+    examples = load_examples("cola", data_dir, None, None)
+    first = sample_batches(examples, 1, 1, seed=101)[0]
+    _, _, update, knowledge = _scenario("minilm", first)
+    rows = []
+    attack = make_attack("lamp-cos")
+    prior = attack.prior_for(knowledge)
+    ws = attack.workspace(update, knowledge)
+    shape = (*ws.template.shape, ws.embedding.shape[1])
+    start = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    for label, chunk in (("batched", ws.chunk), ("one by one", 0)):
+        ws.chunk = chunk
+        generator = torch.Generator().manual_seed(0)
+
+        def work(ws=ws, generator=generator) -> None:
+            dummy = DummyBatch(free=start.clone(), fixed=ws.fixed, free_mask=ws.free_mask)
+            attack._discrete_round(ws, dummy, prior, generator, Counter())
+
+        seconds = _mean_seconds(work, rounds, warmup=1)
+        rows.append({"scoring": label, "candidates per call": chunk, "s/round": seconds})
+        print(rows[-1], flush=True)
+    speedup = rows[1]["s/round"] / rows[0]["s/round"]
+    notes = (
+        f"LAMP_cos discrete round (200 candidates, prior {prior.name if prior else 'none'}), "
+        f"mean of {rounds} rounds after 1 warm-up. Speed-up of batched scoring: {speedup:.2f}x."
+    )
+    for path in write_results(out_dir, "discrete_round", rows, started, notes):
+        print(f"wrote {path}")
+
+
+SUITES = {"step_time": step_time, "discrete_round": discrete_round}
