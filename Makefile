@@ -43,5 +43,10 @@ smollm2: install
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
 
-benchmark: install
-	$(BIN)/python benchmarks/run.py
+# `make benchmark SUITES="lamp_main dager_decoder" BATCHES=5`; LAMP's prior and the decoder
+# suites need SmolLM2, hence the dependency.
+SUITES ?= step_time discrete_round
+BATCHES ?= 20
+DATA_DIR ?= $(or $(GRADLEAK_DATA_DIR),../shared/datasets)
+benchmark: smollm2
+	$(BIN)/python benchmarks/run.py $(SUITES) --batches $(BATCHES) --data-dir $(DATA_DIR)
