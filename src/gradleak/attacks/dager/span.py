@@ -45,6 +45,40 @@ class SpanBasis:
         residual = torch.linalg.vector_norm(v - projected, dim=-1)
         return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
 
+    def inlier_fraction(
+        self, vectors: torch.Tensor, iterations: int = 30, tol: float = 1e-6, chunk: int = 4096
+    ) -> torch.Tensor:
+        """Share of coordinates a span vector reproduces exactly, per row (any leading shape).
+
+        Under train-mode dropout the layer reads ``m * x / (1 - p)``, not ``x``: about ``p`` of
+        each input's coordinates are zeroed by an unknown mask, so a true token is no longer in
+        the span, but a span vector still equals it (up to scale) on the kept coordinates. A
+        least-absolute-deviations fit ``min_c ||x - B c||_1`` finds that vector (L1 ignores a
+        minority of gross outliers), computed by iteratively reweighted least squares. A true
+        input then matches on about ``1 - p`` of its coordinates; any other vector only on
+        about ``rank / d`` (the fit can zero that many residuals at most).
+        """
+        shape = vectors.shape[:-1]
+        flat = vectors.reshape(-1, vectors.shape[-1]).to(torch.float64)
+        out = [_lad_inliers(part, self.basis, iterations, tol) for part in flat.split(chunk)]
+        return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
+
+
+def _lad_inliers(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: float):
+    """Fraction of coordinates of each row of ``x`` that the L1 fit reproduces within
+    ``tol`` times the row's norm (IRLS from the least-squares fit)."""
+    scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
+    x = x / scale
+    coeffs = x @ basis
+    for _ in range(iterations):
+        residual = x - coeffs @ basis.T
+        weights = 1.0 / residual.abs().clamp_min(1e-10)
+        gram = torch.einsum("dr,nd,ds->nrs", basis, weights, basis)
+        rhs = torch.einsum("dr,nd->nr", basis, weights * x)
+        coeffs = torch.linalg.solve(gram, rhs)
+    residual = (x - coeffs @ basis.T).abs()
+    return (residual < tol).to(torch.float64).mean(dim=-1)
+
 
 def estimate_rank(singular_values: torch.Tensor, rank_tol: float | None) -> int:
     """Numerical rank: singular values above ``rank_tol`` times the largest.
