@@ -142,3 +142,41 @@ def test_dager_is_built_by_name_and_rejects_optimization_settings():
     assert attack_.settings.rank_tol == 1e-6 and attack_.settings.max_beam == 8
     with pytest.raises(GradleakError, match="bad settings for attack dager: steps"):
         make_attack("dager", steps=10)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_cached_last_position_input_equals_the_full_prefix_forward(tiny_victim, name):
+    """The decoder search's cache path: one new token against its prefix's block-0 keys and
+    values (indexed per trial, as the search does) gives the full forward's layer-2 input."""
+    victim = tiny_victim(name)
+    model, adapter = victim.model.eval(), victim.adapter
+    torch.manual_seed(0)
+    prefixes = torch.randint(5, 200, (3, 6))
+    parents = torch.tensor([0, 0, 2, 1, 2])  # trials: prefix per trial, a prefix used twice
+    new = torch.randint(5, 200, (5, 1))
+    with torch.no_grad():
+        _, past = adapter.layer_input_cached(model, 1, prefixes[:, :1], [])
+        for position in range(1, prefixes.shape[1]):  # grow the cache one token at a time
+            _, past = adapter.layer_input_cached(
+                model, 1, prefixes[:, position : position + 1], past
+            )
+        trial_past = [(keys[parents], values[parents]) for keys, values in past]
+        cached, present = adapter.layer_input_cached(model, 1, new, trial_past)
+        ids = torch.cat([prefixes[parents], new], dim=1)
+        full = adapter.layer_input(
+            model, 1, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        )
+    assert len(present) == 1 and present[0][0].shape[-2] == ids.shape[1]  # block 0 only
+    torch.testing.assert_close(cached[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_cached_decoder_search_finds_what_the_full_prefix_search_finds(tiny_victim, name):
+    """Same sentences; their order follows scores at the float32 noise floor, which the two
+    paths round differently."""
+    full_victim = tiny_victim(name)
+    full_victim.adapter.supports_kv_cache = False  # the fallback: every trial's whole prefix
+    full, full_result = attack(full_victim, Protocol(mode="eval"))
+    cached, cached_result = attack(tiny_victim(name), Protocol(mode="eval"))
+    assert cached == full == ["a dog ran home", "the cat sat on the mat"]
+    assert sorted(cached_result.token_ids) == sorted(full_result.token_ids)

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "f", "p")
+
+# Attention keys and values of the blocks before some layer, one ``(keys, values)`` pair per
+# block, each ``[batch, kv_heads, length, head_dim]`` (the Hugging Face cache layout).
+PastKeyValues = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class ModelAdapter:
     # Segment (token type) embeddings: BERT has them. GPT-2 would *add word embeddings* of any
     # token_type_ids it is given, so they are passed only to families that define them.
     uses_token_types: bool = False
+    # Causal decoders whose Hugging Face forward takes ``past_key_values`` (a ``Cache``) and
+    # explicit ``position_ids``: new tokens can then be run against a prefix's cached keys and
+    # values (``layer_input_cached``) instead of re-running the prefix.
+    supports_kv_cache: bool = False
 
     # --- structure -------------------------------------------------------------------------
     def backbone(self, model: nn.Module) -> nn.Module:
@@ -123,6 +132,39 @@ class ModelAdapter:
             handle.remove()
         return self.input_norm(model, layer)(captured["hidden"])
 
+    def layer_input_cached(
+        self,
+        model: nn.Module,
+        layer: int,
+        input_ids: torch.Tensor,
+        past: PastKeyValues,
+    ) -> tuple[torch.Tensor, PastKeyValues]:
+        """``layer_input`` for tokens ``input_ids`` ``[n, q]`` that follow prefixes already run.
+
+        ``past`` holds the ``n`` prefixes' keys and values of blocks ``0..layer-1`` (an empty
+        list: no prefix). Causal attention lets the new positions depend on a prefix only
+        through those, so a decoder search extending prefixes one token at a time runs one
+        position per trial instead of the whole prefix. Returns the new positions' inputs
+        ``[n, q, d]`` and the cache of prefix and new positions: the forward stops before block
+        ``layer`` (as in ``layer_input``), so it holds exactly the blocks before it. Only for
+        families with ``supports_kv_cache``.
+        """
+        if not self.supports_kv_cache:
+            raise NotImplementedError(f"{self.family} has no key/value cache path")
+        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        prefix = cache.get_seq_length()
+        n, length = input_ids.shape
+        device = input_ids.device
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones(n, prefix + length, dtype=torch.long, device=device),
+            "position_ids": torch.arange(prefix, prefix + length, device=device).expand(n, -1),
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        hidden = self.layer_input(model, layer, inputs)
+        return hidden, [(block.keys, block.values) for block in cache.layers[:layer]]
+
     # --- dropout --------------------------------------------------------------------------
     def set_dropout(self, model: nn.Module, rate: float) -> None:
         """Set every dropout in the model to ``rate`` (Wang & Li's dropout sweeps).
@@ -187,6 +229,7 @@ class GPT2Adapter(ModelAdapter):
 
     family = "gpt2"
     is_decoder = True
+    supports_kv_cache = True
 
     def layers(self, model):
         return list(self.backbone(model).h)
@@ -220,6 +263,7 @@ class LlamaAdapter(ModelAdapter):
     family = "llama"
     is_decoder = True
     rotary_positions = True
+    supports_kv_cache = True
 
     def layers(self, model):
         return list(self.backbone(model).layers)

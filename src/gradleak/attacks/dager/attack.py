@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from gradleak.attacks.dager.span import SpanBasis, gap_threshold, span_basis
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
+from gradleak.models.adapters import ModelAdapter, PastKeyValues
 from gradleak.models.tasks import unwrap
 
 
@@ -93,6 +95,39 @@ class SearchState:
 
     notes: list[str] = field(default_factory=list)
     capped: bool = False
+
+
+@dataclass
+class Beam:
+    """The decoder search's live prefixes (all of one length) and what extending them needs.
+
+    On the cached path ``past`` holds each prefix's block-0 keys and values (an empty list
+    while the prefixes are empty) and ``last_input`` its last position's layer-2 input, which
+    the repeated-token rejection compares the next position with. ``past`` is None on the
+    full-prefix path, which re-runs every prefix and needs neither.
+    """
+
+    ids: torch.Tensor  # [n, length]
+    scores: list[float]
+    past: PastKeyValues | None = None
+    last_input: torch.Tensor | None = None  # [n, d]; None while the prefixes are empty
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def entry(self, index: int) -> tuple[list[int], float]:
+        """One prefix as the search's result lists hold it: (token ids, score)."""
+        return self.ids[index].tolist(), self.scores[index]
+
+
+@dataclass
+class Extension:
+    """Some trials' layer-2 inputs: of the new last position ``[n, d]`` and of the position
+    before it (None for one-token sequences), plus their block-0 cache on the cached path."""
+
+    last: torch.Tensor
+    previous: torch.Tensor | None
+    past: PastKeyValues | None = None
 
 
 class DagerAttack:
@@ -162,6 +197,16 @@ class DagerAttack:
         return LayerCheck(checks) if checks else None
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
+        self._checked_spans(update, knowledge)
+
+    def _checked_spans(
+        self, update: ClientUpdate, knowledge: ServerKnowledge
+    ) -> tuple[LayerCheck, LayerCheck]:
+        """Layer 1's and layer 2's span checks, once it is clear that DAGER can be exact here.
+
+        ``run`` takes the spans from here rather than building them again: each is an SVD of
+        the layer's stacked gradients, a noticeable share of a run on a small machine.
+        """
         gm = knowledge.global_model
         if gm.adapter is None:
             raise GradleakError("dager needs a model family with an adapter")
@@ -179,6 +224,7 @@ class DagerAttack:
                 f"{gm.adapter.family} model has only 2 layers with a one-position "
                 "classification loss: attack a model with 3 or more layers or use --task causal_lm"
             )
+        spans = []
         for layer in (0, 1):
             check = self._span_check(update, knowledge, layer)
             if check is None:
@@ -194,16 +240,16 @@ class DagerAttack:
                         f"the {'LoRA rank' if one.transform is not None else 'hidden size'}): "
                         "use a smaller --batch-size or shorter inputs"
                     )
+            spans.append(check)
+        return spans[0], spans[1]
 
     # --- the attack -------------------------------------------------------------------------
     def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
-        self.check(update, knowledge)
+        layer1, layer2 = self._checked_spans(update, knowledge)
         gm = knowledge.global_model
         model = gm.copy_model().eval()
         hf = unwrap(model)
         state = SearchState()
-        layer1 = self._span_check(update, knowledge, 0)
-        layer2 = self._span_check(update, knowledge, 1)
         state.notes.append(f"ranks {layer1.rank}/{layer2.rank}")
         with torch.no_grad():
             candidates = self._token_candidates(hf, knowledge, layer1, state)
@@ -268,75 +314,136 @@ class DagerAttack:
             out.append(layer2.distance(adapter.layer_input(hf, 1, inputs)))
         return torch.cat(out)
 
-    def _last_position_distances(
-        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: LayerCheck, ids: torch.Tensor
-    ) -> torch.Tensor:
-        """Layer-2 distance of each sequence's last position, for the decoder search.
-
-        A rotary model without BOS gives a run of one repeated token ("The The The") the same
-        layer-2 input at every position (the attention averages identical values), so the
-        run would pass wherever its first token does. A last position whose input repeats the
-        previous one exactly is therefore rejected (distance infinity).
-        """
-        adapter = knowledge.global_model.adapter
-        out = []
-        for start in range(0, ids.shape[0], self.settings.chunk):
-            chunk = ids[start : start + self.settings.chunk]
-            inputs = {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
-            hidden = adapter.layer_input(hf, 1, inputs).to(torch.float64)
-            distance = layer2.distance(hidden[:, -1])
-            if hidden.shape[1] > 1:
-                change = torch.linalg.vector_norm(hidden[:, -1] - hidden[:, -2], dim=-1)
-                same = change <= 1e-6 * torch.linalg.vector_norm(hidden[:, -1], dim=-1)
-                distance = distance.masked_fill(same, float("inf"))
-            out.append(distance)
-        return torch.cat(out)
-
     def _decoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
         """Extend prefixes one token at a time; keep those whose new position passes layer 2."""
-        rotary = knowledge.global_model.adapter.rotary_positions
+        adapter = knowledge.global_model.adapter
 
         def options(position: int) -> list[int]:
-            if rotary:
+            if adapter.rotary_positions:
                 return candidates[0]
             return candidates[position] if position < len(candidates) else []
 
         # Tokens the tokenizer always puts first (BOS) are public knowledge: seeding the beam
         # with them matters because position 0's query gets no gradient in a causal model.
         start = _start_tokens(knowledge.tokenizer)
-        beam: list[tuple[list[int], float]] = [(start, 0.0)]
+        beam = self._start_beam(hf, adapter, start)
         finished: list[tuple[list[int], float]] = []
         checked = 0
         for position in range(len(start), self.settings.max_length):
             tokens = options(position)
-            if not tokens or not beam:
+            if not tokens or not len(beam):
                 break
-            trials = [(prefix + [t], score) for prefix, score in beam for t in tokens]
-            checked += len(trials)
+            # Trials prefix-major: every beam prefix extended by every candidate token.
+            parents = torch.arange(len(beam)).repeat_interleave(len(tokens))
+            added = torch.tensor(tokens).repeat(len(beam))
+            checked += len(parents)
             if checked > self.settings.max_sequences:
                 state.capped = True
                 state.notes.append(f"search budget of {self.settings.max_sequences} spent")
                 break
-            ids = torch.tensor([seq for seq, _ in trials])
-            distances = self._last_position_distances(hf, knowledge, layer2, ids)
+            distances = self._trial_distances(hf, adapter, layer2, beam, parents, added)
             cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
             accepted = torch.nonzero(distances < cut).flatten().tolist()
             if len(accepted) > self.settings.max_beam:
                 state.capped = True
                 accepted = sorted(accepted, key=lambda i: distances[i].item())
                 accepted = accepted[: self.settings.max_beam]
-            extended = {tuple(trials[i][0][:-1]) for i in accepted}
-            finished += [
-                (p, s) for p, s in beam if len(p) > len(start) and tuple(p) not in extended
-            ]
-            beam = [(trials[i][0], max(trials[i][1], distances[i].item())) for i in accepted]
-        finished += [(p, s) for p, s in beam if len(p) > len(start)]
+            if position > len(start):
+                extended = set(parents[accepted].tolist())
+                finished += [beam.entry(i) for i in range(len(beam)) if i not in extended]
+            scores = [max(beam.scores[int(parents[i])], distances[i].item()) for i in accepted]
+            beam = self._advance(hf, adapter, beam, parents[accepted], added[accepted], scores)
+        if beam.ids.shape[1] > len(start):
+            finished += [beam.entry(i) for i in range(len(beam))]
         # A run of special tokens alone ([CLS][SEP]) is no sentence, however well it passes.
         special = set(knowledge.tokenizer.all_special_ids)
         finished = [(p, s) for p, s in finished if any(t not in special for t in p)]
         if not finished:
             state.notes.append("no prefix passed the layer-2 check")
         return finished
+
+    def _start_beam(self, hf: nn.Module, adapter: ModelAdapter, start: list[int]) -> Beam:
+        """The search's first beam: the start tokens alone, with their cache when one applies.
+
+        Families without a key/value cache path get the full-prefix search (``past`` None).
+        """
+        ids = torch.tensor([start], dtype=torch.long)
+        if not adapter.supports_kv_cache:
+            return Beam(ids, [0.0])
+        if not start:
+            return Beam(ids, [0.0], past=[])
+        hidden, past = adapter.layer_input_cached(hf, 1, ids, [])
+        return Beam(ids, [0.0], past=past, last_input=hidden[:, -1])
+
+    def _extensions(
+        self,
+        hf: nn.Module,
+        adapter: ModelAdapter,
+        beam: Beam,
+        parents: torch.Tensor,
+        tokens: torch.Tensor,
+    ) -> Iterator[Extension]:
+        """The trials (prefix ``parents[i]`` extended by ``tokens[i]``), ``chunk`` at a time.
+
+        With a cache only the new token runs, against its prefix's block-0 keys and values
+        (indexed per trial); without one every trial's whole sequence runs again.
+        """
+        for first in range(0, len(parents), self.settings.chunk):
+            rows = parents[first : first + self.settings.chunk]
+            new = tokens[first : first + self.settings.chunk, None]
+            if beam.past is None:
+                ids = torch.cat([beam.ids[rows], new], dim=1)
+                inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+                hidden = adapter.layer_input(hf, 1, inputs)
+                previous = hidden[:, -2] if hidden.shape[1] > 1 else None
+                yield Extension(hidden[:, -1], previous)
+                continue
+            past = [(keys[rows], values[rows]) for keys, values in beam.past]
+            hidden, present = adapter.layer_input_cached(hf, 1, new, past)
+            previous = None if beam.last_input is None else beam.last_input[rows]
+            yield Extension(hidden[:, -1], previous, present)
+
+    def _trial_distances(
+        self,
+        hf: nn.Module,
+        adapter: ModelAdapter,
+        layer2: LayerCheck,
+        beam: Beam,
+        parents: torch.Tensor,
+        tokens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Layer-2 distance of each trial's new last position (see ``_last_position_distance``)."""
+        return torch.cat(
+            [
+                _last_position_distance(layer2, ext.last, ext.previous)
+                for ext in self._extensions(hf, adapter, beam, parents, tokens)
+            ]
+        )
+
+    def _advance(
+        self,
+        hf: nn.Module,
+        adapter: ModelAdapter,
+        beam: Beam,
+        parents: torch.Tensor,
+        tokens: torch.Tensor,
+        scores: list[float],
+    ) -> Beam:
+        """The next beam: the accepted trials, with their caches on the cached path.
+
+        The caches are recomputed for the few accepted trials rather than kept for all of
+        them while the threshold is unknown (that would hold the cache of every trial).
+        """
+        ids = torch.cat([beam.ids[parents], tokens[:, None]], dim=1)
+        if beam.past is None or not len(parents):  # full-prefix path, or the search ends here
+            return Beam(ids, scores)
+        parts = list(self._extensions(hf, adapter, beam, parents, tokens))
+        past = [
+            tuple(torch.cat([part.past[block][kv] for part in parts]) for kv in (0, 1))
+            for block in range(len(parts[0].past))
+        ]
+        last_input = torch.cat([part.last for part in parts])
+        return Beam(ids, scores, past=past, last_input=last_input)
 
     def _encoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
         """For each sentence length ending in a separator, try combinations of candidates."""
@@ -386,6 +493,25 @@ class DagerAttack:
         while len(chosen) < batch_size:
             chosen.append(([], None))
         return chosen
+
+
+def _last_position_distance(
+    layer2: LayerCheck, last: torch.Tensor, previous: torch.Tensor | None
+) -> torch.Tensor:
+    """Layer-2 distance of each sequence's last position, for the decoder search.
+
+    A rotary model without BOS gives a run of one repeated token ("The The The") the same
+    layer-2 input at every position (the attention averages identical values), so the run
+    would pass wherever its first token does. A last position whose input repeats the
+    previous one exactly is therefore rejected (distance infinity).
+    """
+    last = last.to(torch.float64)
+    distance = layer2.distance(last)
+    if previous is not None:
+        change = torch.linalg.vector_norm(last - previous.to(torch.float64), dim=-1)
+        same = change <= 1e-6 * torch.linalg.vector_norm(last, dim=-1)
+        distance = distance.masked_fill(same, float("inf"))
+    return distance
 
 
 def _start_tokens(tokenizer) -> list[int]:
