@@ -109,3 +109,21 @@ def test_too_long_sequence_is_an_error_unless_truncated():
         encode_examples(victim.tokenizer, long, "classification", 128)
     batch = encode_examples(victim.tokenizer, long, "classification", 128, max_tokens=16)
     assert batch.input_ids.shape == (1, 16)
+
+
+def test_causal_lm_examples_end_with_one_eos_even_when_truncated(tiny_victim):
+    victim = tiny_victim("tiny-gpt2", "causal_lm")
+    tokenizer = victim.tokenizer
+    # The tiny models' tokenizer ends rows with [SEP], their EOS: nothing is added.
+    plain = encode_examples(tokenizer, [Example("a dog ran home")], "causal_lm", 128)
+    assert plain.input_ids[0, plain.lengths[0] - 1] == tokenizer.sep_token_id
+    assert (plain.input_ids[0] == tokenizer.sep_token_id).sum() == 1
+    tokenizer.eos_token = "[MASK]"  # an EOS the tokenizer does not append itself
+    batch = encode_examples(tokenizer, [Example("a dog ran home")], "causal_lm", 128)
+    assert batch.lengths[0] == plain.lengths[0] + 1
+    assert batch.input_ids[0, batch.lengths[0] - 1] == tokenizer.mask_token_id
+    short = encode_examples(tokenizer, [Example("a dog ran home")], "causal_lm", 128, 4)
+    assert short.input_ids[0].tolist()[-1] == tokenizer.mask_token_id
+    assert short.lengths[0] == 4
+    classification = encode_examples(tokenizer, [Example("a dog", label=0)], "classification", 128)
+    assert tokenizer.mask_token_id not in classification.input_ids[0].tolist()

@@ -87,6 +87,10 @@ def encode_examples(
             max_length=limit if max_tokens else None,
         )
     rows = enc["input_ids"]
+    if task == "causal_lm":
+        rows = [_end_with_eos(tokenizer, row) for row in rows]
+        if max_tokens:  # truncation keeps the EOS
+            rows = [row if len(row) <= limit else [*row[: limit - 1], row[-1]] for row in rows]
     longest = max(len(r) for r in rows)
     if longest > limit:
         raise GradleakError(
@@ -120,6 +124,17 @@ def encode_examples(
         labels["start"] = torch.tensor(starts)
         labels["end"] = torch.tensor(ends)
     return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
+
+
+def _end_with_eos(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> list[int]:
+    """A causal-LM example ends with EOS, as fine-tuning on separate examples does (SFT
+    trainers append it so the model learns to stop). Without it the last word predicts
+    nothing and gets no gradient at all. Tokenizers that already end rows with it (BERT's
+    [SEP] as EOS) are left alone."""
+    eos = tokenizer.eos_token_id
+    if eos is None or (row and row[-1] == eos):
+        return list(row)
+    return [*row, eos]
 
 
 def _answer_span(enc, row: int, ex: Example) -> tuple[int, int]:
