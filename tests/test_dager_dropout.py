@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from test_dager import attack
 
-from gradleak.attacks.dager import span_basis
+from gradleak.attacks.dager import DagerSettings, span_basis
+from gradleak.data import Example
+from gradleak.federated.protocol import Protocol
+
+SENTENCE = [Example("the cat sat on the mat", label=1)]
 
 
 def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
@@ -19,3 +25,21 @@ def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
     true_share = basis.inlier_fraction(inputs)
     assert torch.allclose(true_share, keep.double().mean(dim=1))
     assert basis.inlier_fraction(torch.randn(200, 64)).max() <= 6 / 64 + 1e-9
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2"])
+def test_train_mode_client_with_dropout_is_recovered_by_the_robust_check(tiny_victim, name):
+    victim = tiny_victim(name)
+    assert victim.adapter.dropout_rate(victim.model) > 0
+    robust, result = attack(victim, Protocol(mode="train"), SENTENCE)
+    assert robust == ["the cat sat on the mat"]
+    assert any("robust" in note for note in result.info["notes"])
+    plain, _ = attack(
+        victim, Protocol(mode="train"), SENTENCE, DagerSettings(dropout_check="plain")
+    )
+    assert plain != ["the cat sat on the mat"]  # the plain span check loses the masked inputs
+
+
+def test_eval_mode_client_keeps_the_plain_check(tiny_victim):
+    _, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), SENTENCE)
+    assert not any("robust" in note for note in result.info["notes"])

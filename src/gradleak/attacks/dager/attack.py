@@ -53,6 +53,13 @@ class DagerSettings(BaseModel):
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget: candidate sequences checked in all"
     )
+    dropout_check: str = Field(
+        "auto",
+        pattern="^(auto|robust|plain)$",
+        description="layer-1 token check: robust to the client's input dropout (L1 span fit), "
+        "plain (L2 distance), or auto (robust when the client trains with dropout)",
+    )
+    shortlist: int = Field(64, ge=1, description="robust check: tokens per position it refits")
 
 
 @dataclass
@@ -88,6 +95,18 @@ class LayerCheck:
     def distance(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.stack([c.distance(inputs) for c in self.checks]).amin(dim=0)
 
+    @property
+    def plain(self) -> list[SpanCheck]:
+        """Checks in the layer's own input space (not a LoRA adapter space)."""
+        return [c for c in self.checks if c.transform is None]
+
+    def inlier_fraction(
+        self, inputs: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The robust check (see ``SpanBasis.inlier_fraction``), best over the plain checks."""
+        shares = [c.span.inlier_fraction(inputs, extra) for c in self.plain]
+        return torch.stack(shares).amax(dim=0)
+
 
 @dataclass
 class SearchState:
@@ -95,6 +114,8 @@ class SearchState:
 
     notes: list[str] = field(default_factory=list)
     capped: bool = False
+    # Set when the client's dropout makes the layer-2 span distance a ranking, not a test.
+    layer2_ranks_only: bool = False
 
 
 @dataclass
@@ -274,6 +295,49 @@ class DagerAttack:
             return fixed
         return gap_threshold(distances, self.settings.fallback_threshold, max_accept=expected)
 
+    def _input_dropout(
+        self, knowledge: ServerKnowledge, layer1: LayerCheck, state: SearchState
+    ) -> float:
+        """The client's input dropout rate when the robust layer-1 check is used, else 0.
+
+        The server knows the protocol: a train-mode client of a model with dropout feeds layer
+        1 masked inputs, which no longer lie in the span (Wang & Li's realistic client)."""
+        gm = knowledge.global_model
+        rate = gm.adapter.dropout_rate(gm.model) if gm.protocol.mode == "train" else 0.0
+        choice = self.settings.dropout_check
+        if choice == "plain" or (choice == "auto" and rate == 0.0):
+            return 0.0
+        if not layer1.plain:
+            state.notes.append("robust check needs a plain q/k/v gradient (LoRA only): plain")
+            return 0.0
+        state.notes.append(f"robust layer-1 check (input dropout {rate:g})")
+        state.layer2_ranks_only = True
+        return rate if rate > 0 else 0.1
+
+    def _passing(
+        self,
+        inputs: torch.Tensor,
+        layer1: LayerCheck,
+        dropout: float,
+        norm_directions: torch.Tensor | None = None,
+    ) -> list[int]:
+        """Rows of ``inputs`` (one per vocabulary token) that pass layer 1's check.
+
+        Plain: the span distance under an adaptive (or fixed) cut. Robust (``dropout`` > 0):
+        the ``shortlist`` nearest tokens are refitted with L1; a true token is reproduced on
+        about ``1 - dropout`` of its coordinates, any other on about ``rank / d``, and the cut
+        sits halfway between."""
+        distances = layer1.distance(inputs)
+        if dropout == 0.0:
+            cut = self._threshold(distances, self.settings.l1_threshold, layer1.rank)
+            return torch.nonzero(distances < cut).flatten().tolist()
+        count = min(self.settings.shortlist, distances.numel())
+        shortlist = torch.topk(distances, count, largest=False).indices
+        share = layer1.inlier_fraction(inputs[shortlist], norm_directions)
+        fitted = layer1.rank + (0 if norm_directions is None else len(norm_directions))
+        cut = ((1.0 - dropout) + fitted / inputs.shape[-1]) / 2
+        return shortlist[share >= cut].tolist()
+
     def _token_candidates(
         self, hf: nn.Module, knowledge: ServerKnowledge, layer1: LayerCheck, state: SearchState
     ) -> list[list[int]]:
@@ -282,20 +346,23 @@ class DagerAttack:
         Rotary models have one position-free set (returned as a single list)."""
         adapter = knowledge.global_model.adapter
         table = adapter.token_embedding(hf).weight
-        expected = layer1.rank  # at most this many distinct inputs are in the span
+        dropout = self._input_dropout(knowledge, layer1, state)
+        norm = adapter.input_norm(hf, 0)
+        directions = None  # a LayerNorm after the dropout: its weight and bias enter the fit
+        if dropout and isinstance(norm, nn.LayerNorm) and norm.weight is not None:
+            parts = [norm.weight] + ([norm.bias] if norm.bias is not None else [])
+            directions = torch.stack(parts).detach()
         if adapter.rotary_positions:
-            distances = layer1.distance(adapter.first_layer_input(hf, table))
-            cut = self._threshold(distances, self.settings.l1_threshold, expected)
-            tokens = torch.nonzero(distances < cut).flatten().tolist()
+            inputs = adapter.first_layer_input(hf, table)
+            tokens = self._passing(inputs, layer1, dropout, directions)
             state.notes.append(f"layer-1 tokens: {len(tokens)}")
             return [tokens]
         per_position = []
         limit = min(self.settings.max_length, adapter.max_positions(hf))
         for position in range(limit):
             positions = torch.full((table.shape[0],), position)
-            distances = layer1.distance(adapter.first_layer_input(hf, table, positions))
-            cut = self._threshold(distances, self.settings.l1_threshold, expected)
-            tokens = torch.nonzero(distances < cut).flatten().tolist()
+            inputs = adapter.first_layer_input(hf, table, positions)
+            tokens = self._passing(inputs, layer1, dropout, directions)
             if not tokens:
                 break
             per_position.append(tokens)
@@ -342,7 +409,13 @@ class DagerAttack:
                 state.notes.append(f"search budget of {self.settings.max_sequences} spent")
                 break
             distances = self._trial_distances(hf, adapter, layer2, beam, parents, added)
-            cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
+            if state.layer2_ranks_only and not adapter.rotary_positions:
+                # Dropout inside layer 1 moves every layer-2 input off the span: no cut
+                # separates true prefixes, so layer 2 only ranks them (the beam cap applies)
+                # and the robust per-position layer-1 sets do the selecting.
+                cut = math.inf
+            else:
+                cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
             accepted = torch.nonzero(distances < cut).flatten().tolist()
             if len(accepted) > self.settings.max_beam:
                 state.capped = True

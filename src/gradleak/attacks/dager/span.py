@@ -46,7 +46,12 @@ class SpanBasis:
         return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
 
     def inlier_fraction(
-        self, vectors: torch.Tensor, iterations: int = 30, tol: float = 1e-6, chunk: int = 4096
+        self,
+        vectors: torch.Tensor,
+        extra: torch.Tensor | None = None,
+        iterations: int = 30,
+        tol: float = 1e-6,
+        chunk: int = 4096,
     ) -> torch.Tensor:
         """Share of coordinates a span vector reproduces exactly, per row (any leading shape).
 
@@ -57,10 +62,18 @@ class SpanBasis:
         minority of gross outliers), computed by iteratively reweighted least squares. A true
         input then matches on about ``1 - p`` of its coordinates; any other vector only on
         about ``rank / d`` (the fit can zero that many residuals at most).
+
+        ``extra`` (``[k, d]``) adds directions to the fit: when a LayerNorm follows the dropout
+        (GPT-2's ``ln_1``), the kept coordinates equal the candidate's only up to a scale plus
+        multiples of the norm's weight and bias.
         """
+        basis = self.basis
+        if extra is not None and len(extra):
+            stacked = torch.cat([basis, extra.to(torch.float64).T], dim=1)
+            basis = torch.linalg.qr(stacked).Q
         shape = vectors.shape[:-1]
         flat = vectors.reshape(-1, vectors.shape[-1]).to(torch.float64)
-        out = [_lad_inliers(part, self.basis, iterations, tol) for part in flat.split(chunk)]
+        out = [_lad_inliers(part, basis, iterations, tol) for part in flat.split(chunk)]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
 
 
