@@ -18,6 +18,8 @@ from gradleak.config import validate_config
 
 DATASETS = ("cola", "sst2", "rotten_tomatoes")
 
+Cell = tuple[str, dict[str, Any]]  # (name, RunConfig fields)
+
 
 def cell(
     model: str,
@@ -38,8 +40,9 @@ def cell(
     }
 
 
-def run_suite(out_dir: Path, suite: str, cells: list[tuple[str, dict[str, Any]]]) -> None:
-    """Run a suite's cells and write its table."""
+def run_suite(out_dir: Path, suite: str, cells: list[Cell], only: str | None = None) -> None:
+    """Run a suite's cells (those whose name contains ``only``, if given); write its table."""
+    cells = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     rows = run_cells(out_dir, suite, cells)
     for path in write_results(out_dir, suite, rows, started, notes=f"{len(cells)} cells."):

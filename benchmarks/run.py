@@ -33,21 +33,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites_dager  # noqa: E402
 import suites_lamp  # noqa: E402
 import timing  # noqa: E402
+from cells import run_suite  # noqa: E402
 
-SUITES = {**timing.SUITES, **suites_lamp.SUITES, **suites_dager.SUITES}
+CELL_SUITES = {**suites_lamp.SUITES, **suites_dager.SUITES}  # tables of ordinary runs
+SUITES = [*timing.SUITES, *CELL_SUITES]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("suites", nargs="*", default=["step_time"], choices=list(SUITES))
+    parser.add_argument("suites", nargs="*", default=["step_time"], choices=SUITES)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, default=20, help="inputs (batches) per cell")
     parser.add_argument("--data-dir", default=os.environ.get("GRADLEAK_DATA_DIR"))
+    parser.add_argument("--only", help="run only the cells whose name contains this")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for suite in args.suites:
-        SUITES[suite](args.out, args.batches, args.data_dir)
+        if suite in timing.SUITES:
+            timing.SUITES[suite](args.out, args.batches, args.data_dir)
+        else:
+            cells = CELL_SUITES[suite](args.batches, args.data_dir)
+            run_suite(args.out, suite, cells, args.only)
 
 
 if __name__ == "__main__":

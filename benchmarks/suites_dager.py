@@ -3,9 +3,7 @@ Wang & Li's realistic dropout client). DAGER attacks with unknown lengths, as in
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from cells import DATASETS, cell, run_suite
+from cells import DATASETS, Cell, cell
 
 
 def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | None, **extra):
@@ -16,7 +14,7 @@ def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | N
     )  # fmt: skip
 
 
-def dager_decoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
     """SmolLM2 in train mode (it has no dropout), classification and next-token prediction."""
     cells = [
         (f"smollm2-{task}-{ds}-B{b}", _dager("smollm2", ds, b, batches, data_dir, task=task))
@@ -29,10 +27,10 @@ def dager_decoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for ds in DATASETS
         for b in (1, 4)
     ]
-    run_suite(out_dir, "dager_decoder", cells)
+    return cells
 
 
-def dager_encoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
     """MiniLM with an eval-mode client (DAGER's BERT setting)."""
     cells = [
         (
@@ -42,10 +40,10 @@ def dager_encoder(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for ds in DATASETS
         for b in (1, 2, 4, 8)
     ]
-    run_suite(out_dir, "dager_encoder", cells)
+    return cells
 
 
-def dager_fedavg(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     """How far exactness survives several local steps: E x lr on CoLA B=16."""
     cells = [
         (
@@ -58,10 +56,10 @@ def dager_fedavg(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for epochs in (2, 5, 10)
         for lr in (1e-5, 1e-4, 5e-4)
     ]  # fmt: skip
-    run_suite(out_dir, "dager_fedavg", cells)
+    return cells
 
 
-def dager_lora(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def dager_lora(batches: int, data_dir: str | None) -> list[Cell]:
     cells = [
         (
             f"smollm2-cola-B{b}-lora{rank}",
@@ -70,10 +68,10 @@ def dager_lora(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for rank in (8, 32)
         for b in (1, 4)
     ]
-    run_suite(out_dir, "dager_lora", cells)
+    return cells
 
 
-def dager_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def dager_dropout(batches: int, data_dir: str | None) -> list[Cell]:
     """MiniLM's real train mode (dropout 0.1) against the eval-mode shortcut."""
     cells = [
         (
@@ -83,7 +81,7 @@ def dager_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for mode in ("eval", "train")
         for b in (1, 4)
     ]
-    run_suite(out_dir, "dager_dropout", cells)
+    return cells
 
 
 SUITES = {

@@ -3,10 +3,9 @@ Li Tables II-IV, Li et al. Table 3). Known labels and lengths, as in those paper
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from cells import DATASETS, cell, run_suite
+from cells import DATASETS, Cell, cell
 
 OPTIMIZATION_ATTACKS = ("dlg", "tag", "lamp-cos", "lamp-l2l1")
 
@@ -22,27 +21,27 @@ def _minilm(
     )  # fmt: skip
 
 
-def lamp_main(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def lamp_main(batches: int, data_dir: str | None) -> list[Cell]:
     """LAMP Table 1: the four attacks on the three datasets, B=1, eval-mode client."""
     cells = [
         (f"{attack}-{ds}-B1", _minilm(ds, 1, batches, data_dir, attack))
         for ds in DATASETS
         for attack in OPTIMIZATION_ATTACKS
     ]
-    run_suite(out_dir, "lamp_main", cells)
+    return cells
 
 
-def lamp_batch(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def lamp_batch(batches: int, data_dir: str | None) -> list[Cell]:
     """LAMP Table 2: batch sizes 1, 2, 4 on CoLA."""
     cells = [
         (f"{attack}-cola-B{b}", _minilm("cola", b, batches, data_dir, attack))
         for b in (1, 2, 4)
         for attack in ("tag", "lamp-cos")
     ]
-    run_suite(out_dir, "lamp_batch", cells)
+    return cells
 
 
-def lamp_ablation(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def lamp_ablation(batches: int, data_dir: str | None) -> list[Cell]:
     """LAMP Table 4: LAMP_cos without the LM prior, the regularizer or the discrete steps."""
     variants = {
         "full": {},
@@ -57,10 +56,10 @@ def lamp_ablation(out_dir: Path, batches: int, data_dir: str | None) -> None:
         )
         for name, settings in variants.items()
     ]
-    run_suite(out_dir, "lamp_ablation", cells)
+    return cells
 
 
-def lamp_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
+def lamp_dropout(batches: int, data_dir: str | None) -> list[Cell]:
     """Wang & Li Tables II/III: LAMP_cos in EVAL, TRAIN and TRAIN_EVAL at dropout 0/0.1/0.3."""
     cells = [("lamp-cos-cola-EVAL", _minilm("cola", 1, batches, data_dir, "lamp-cos"))]
     for dropout in (0.0, 0.1, 0.3):
@@ -75,7 +74,7 @@ def lamp_dropout(out_dir: Path, batches: int, data_dir: str | None) -> None:
                     ),
                 )
             )  # fmt: skip
-    run_suite(out_dir, "lamp_dropout", cells)
+    return cells
 
 
 SUITES = {
