@@ -90,7 +90,7 @@ def test_batched_scores_equal_one_by_one_scores(tiny_victim, name, task, distanc
     loop = torch.stack(
         [
             ws.matcher.loss(
-                torch.where(ws.free_mask, f, ws.fixed), ws.ids(f) if ws.is_lm else None
+                torch.where(ws.free_mask, f, ws.fixed), ws.ids(f) if ws.needs_ids else None
             ).detach()
             for f in free
         ]

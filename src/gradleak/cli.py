@@ -154,6 +154,20 @@ def attack(
     match: Annotated[
         str | None, typer.Option(help="match only these shared tensors (e.g. 0.qkv)")
     ] = None,
+    normalize: Annotated[
+        str | None,
+        typer.Option(
+            help="none (as LAMP ran it) | tensor: each matched tensor's distance scale-free, "
+            "equal weights (Li, Xu & Dras eq. 1-4)"
+        ),
+    ] = None,
+    fedavg_match: Annotated[
+        str | None,
+        typer.Option(
+            help="FedAvg: pseudo (-delta/(steps*lr) as a gradient) | simulate (replay local "
+            "training on the dummy batch, Wang & Li eq. 12)"
+        ),
+    ] = None,
     prior: Annotated[
         str | None,
         typer.Option(help="LAMP's LM prior: smollm2 | none | a causal LM name, folder or hub id"),
@@ -196,6 +210,10 @@ def attack(
     ] = None,
     max_combinations: Annotated[
         int | None, typer.Option(help="DAGER: encoder sentences tried per length")
+    ] = None,
+    dropout_check: Annotated[
+        str | None,
+        typer.Option(help="DAGER: auto | robust (L1 fit, survives dropout) | plain span check"),
     ] = None,
     max_sequences: Annotated[
         int | None, typer.Option(help="DAGER: decoder search budget in candidate sequences")
@@ -241,6 +259,8 @@ def attack(
                 "lr": attack_lr,
                 "attacker_mode": attacker_mode,
                 "match": match,
+                "normalize": normalize,
+                "fedavg_match": fedavg_match,
                 "prior": prior,
                 "alpha_lm": alpha_lm,
                 "alpha_reg": alpha_reg,
@@ -255,6 +275,7 @@ def attack(
                 "max_beam": max_beam,
                 "max_combinations": max_combinations,
                 "max_sequences": max_sequences,
+                "dropout_check": dropout_check,
             },
         )
         record = run_with_progress(config, out)

@@ -22,6 +22,8 @@ class AttackSettings(BaseModel):
     lr: float | None = Field(None, gt=0)
     attacker_mode: str | None = Field(None, pattern="^(eval|train)$")
     match: str | None = None
+    normalize: str | None = Field(None, pattern="^(none|tensor)$")
+    fedavg_match: str | None = Field(None, pattern="^(pseudo|simulate)$")
     prior: str | None = Field(None, min_length=1, description="LM prior: smollm2, none, a model")
     alpha_lm: float | None = Field(None, ge=0)
     alpha_reg: float | None = Field(None, ge=0)
@@ -37,6 +39,7 @@ class AttackSettings(BaseModel):
     max_beam: int | None = Field(None, ge=1)
     max_combinations: int | None = Field(None, ge=1)
     max_sequences: int | None = Field(None, ge=1)
+    dropout_check: str | None = Field(None, pattern="^(auto|robust|plain)$")
 
 
 class RunConfig(BaseModel):

@@ -5,6 +5,11 @@ distance to the received update, differentiably (``create_graph=True``), so the 
 be optimized. LAMP also scores hundreds of candidate inputs per round without differentiating
 through them: :meth:`GradientMatcher.batched_loss` does that with ``torch.func`` (one vectorized
 gradient per candidate instead of a Python loop).
+
+Two options change what is compared. ``normalize="tensor"`` makes every matched tensor's term
+scale-free and weighs the terms equally (Li, Xu & Dras 2024, eq. 1-4; see :func:`per_tensor`).
+``fedavg_match="simulate"`` replaces a FedAvg update's dummy gradient with the simulated local
+training's delta (Wang & Li 2024, eq. 12; see :mod:`gradleak.attacks.simulation`).
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from gradleak.attacks.simulation import EmbeddingTable, LocalTraining, LocalTrainingSimulator
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate, set_mode
+from gradleak.federated.client import ClientUpdate, GlobalModel, set_mode
 from gradleak.federated.server import ServerKnowledge
-from gradleak.federated.sharing import TensorSpec
+from gradleak.federated.sharing import TensorSpec, shared_tensor_specs
 from gradleak.models.tasks import task_loss, unwrap
 
 Distance = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
@@ -62,16 +68,87 @@ DISTANCES: dict[str, Distance] = {
     "cos": cos_distance,
 }
 
+NORMALIZATIONS = ("none", "tensor")
+
+
+def _unit(t: torch.Tensor) -> torch.Tensor:
+    return t / torch.linalg.vector_norm(t).clamp_min(1e-12)
+
+
+def per_tensor(distance: Distance) -> Distance:
+    """Li, Xu & Dras's per-tensor normalization, for any distance ``D``.
+
+    Their objective sums ``D(dW'_{m,i}, dW_{m,i})`` over the matched layers i and modules m
+    (eq. 1), with D the cosine distance ``1 - <dW', dW> / (||dW'|| ||dW||)`` (eq. 2), and
+    weighs the terms equally, ``1/l`` over all l layers (eq. 4). The cosine normalizes each
+    tensor by its own norm; written for any D that is ``D(dW'/||dW'||, dW/||dW||)``, and the
+    terms are averaged, ``1/n`` over the n matched tensors, as their code and LAMP's do. For
+    squared L2 this is exactly ``2 (1 - cos)``: eq. 2 up to the factor 2.
+
+    Where this deviates from the paper, and why: eq. 1 is a plain sum over (layer, module)
+    pairs and eq. 4 weighs whole layers by ``1/l``; the mean over tensors has the same minimizer
+    as eq. 1 and keeps the loss in [0, 2] whatever the subset, so LAMP's alpha_reg and alpha_lm
+    keep their meaning. The unit is one update tensor: a module's weight and bias are separate
+    terms (the paper's dW_{m,i} counts the weight matrix only; gradleak's ``3.q`` sends both).
+    """
+
+    def normalized(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        terms = [distance([_unit(d)], [_unit(t)]) for d, t in zip(dummy, target, strict=True)]
+        return torch.stack(terms).mean()
+
+    return normalized
+
+
+def make_distance(name: str, normalize: str = "none") -> Distance:
+    """The distance ``name`` (l2, tag, cos), per-tensor normalized when asked.
+
+    The cosine distance already is the normalized form (eq. 2 averaged over tensors), so it is
+    returned as is: normalizing copies first would give the same number at twice the cost.
+    """
+    if name not in DISTANCES or normalize not in NORMALIZATIONS:
+        raise GradleakError(
+            f"unknown distance '{name}' or normalization '{normalize}': use one of "
+            f"{', '.join(DISTANCES)} and {' | '.join(NORMALIZATIONS)}"
+        )
+    if normalize == "none" or name == "cos":
+        return DISTANCES[name]
+    return per_tensor(DISTANCES[name])
+
 
 def target_gradients(update: ClientUpdate, keys: list[str]) -> list[torch.Tensor]:
     """The update as a gradient. A FedAvg weight delta becomes the pseudo-gradient
     ``-delta / (local_steps * lr)``: exact for one SGD step, an approximation otherwise."""
-    tensors = [update.tensors[k] for k in keys]
+    return _as_gradient(update, [update.tensors[k] for k in keys])
+
+
+def _as_gradient(update: ClientUpdate, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     if update.kind == "gradient":
         return tensors
     steps = update.metadata["local_steps"]
     lr = update.metadata["lr"]
     return [-t / (steps * lr) for t in tensors]
+
+
+def matchable_specs(update: ClientUpdate, gm: GlobalModel) -> dict[str, TensorSpec]:
+    """Every tensor the update holds, by key: the tensors as sent, plus the role slices of a
+    fused parameter sent whole, so ``--match`` can pick any subset of what was sent (a full
+    GPT-2 update holds layer 0's q as a third of ``c_attn``)."""
+    held = {s.key: s for s in gm.specs if s.key in update.tensors}
+    whole = {s.param for s in held.values() if s.dim is None and s.key == s.param}
+    try:
+        roles = shared_tensor_specs(gm.model, gm.adapter, "*.qkvofp")
+    except GradleakError:  # nothing trainable has a role (e.g. only a classifier head)
+        roles = []
+    for spec in roles:
+        if spec.key not in held and spec.param in whole:
+            held[spec.key] = spec
+    return held
+
+
+def _received(update: ClientUpdate, spec: TensorSpec) -> torch.Tensor:
+    if spec.key in update.tensors:
+        return update.tensors[spec.key]
+    return spec.take(update.tensors[spec.param])
 
 
 def _is_token_embedding(spec: TensorSpec | None, gm) -> bool:
@@ -95,13 +172,31 @@ def _null_keys(keys: list[str], targets: list[torch.Tensor]) -> list[str]:
     return [k for k, n in zip(keys, norms.tolist(), strict=True) if n <= cut]
 
 
+def _from_adam(update: ClientUpdate) -> bool:
+    """Adam divides by ``|g| + eps``: it turns a gradient that is zero up to rounding into a
+    step of ``lr |g| / eps``, so its delta does not show which tensors are null."""
+    return update.kind == "weight_delta" and update.metadata.get("optimizer") == "adam"
+
+
 class GradientMatcher:
     """Computes dummy gradients on the attacker's own copy of the global model.
 
     ``mode`` is the attacker's model mode for dummy gradients: ``eval`` is Wang & Li's
     TRAIN_EVAL scenario when the client trained in train mode; ``train`` is their TRAIN.
     ``skip_null_targets`` leaves out tensors whose received gradient is zero up to rounding
-    (see :func:`_null_keys`); LAMP_cos uses it.
+    (see :func:`_null_keys`); LAMP_cos and normalized distances use it. An Adam delta hides
+    such tensors, so there a probe gradient decides (:meth:`_probe_gradients`).
+
+    ``fedavg_match`` says how a FedAvg weight delta is matched: ``pseudo`` compares the dummy
+    gradient with ``-delta / (steps * lr)``; ``simulate`` replays the client's local training on
+    the dummy batch and compares its delta, put in the same gradient units, with that same
+    target. Wang & Li's eq. 12 compares the raw deltas; dividing both by the known ``-steps *
+    lr`` leaves the minimizer of L2 and cosine unchanged, keeps the loss on the scale LAMP's
+    alpha_reg / alpha_lm and the attack lr were tuned for, gives TAG's L1 term the weight it has
+    against gradients, and makes one SGD step match exactly as the pseudo-gradient does.
+
+    ``ids`` arguments are the token ids the dummy positions stand for: the causal-LM targets,
+    and the rows a trained embedding table moves in a simulated round (``needs_ids``).
     """
 
     def __init__(
@@ -113,23 +208,37 @@ class GradientMatcher:
         keys: list[str] | None = None,
         labels: dict[str, torch.Tensor] | None = None,
         skip_null_targets: bool = False,
+        fedavg_match: str = "pseudo",
     ) -> None:
         gm = knowledge.global_model
         self.knowledge = knowledge
         self.model: nn.Module = gm.copy_model()
         set_mode(self.model, mode)
-        specs_by_key = {s.key: s for s in gm.specs}
+        specs_by_key = matchable_specs(update, gm)
         if keys is None:
             keys = [k for k in update.tensors if not _is_token_embedding(specs_by_key.get(k), gm)]
-        missing = [k for k in keys if k not in update.tensors or k not in specs_by_key]
+        missing = [k for k in keys if k not in specs_by_key]
         if missing:
             raise GradleakError(
                 f"the update does not contain {missing[0]} (and {len(missing) - 1} more): "
                 "match only tensors the client sends"
             )
+        self.attention_mask = knowledge.attention_mask
+        self.token_type_ids = knowledge.token_type_ids
+        # The labels the dummy loss uses: the known ones, or an assignment under test when the
+        # attack enumerates unknown labels.
+        self.labels = labels if labels is not None else knowledge.labels
+        self._loss_module = _TaskLoss(
+            self.model, gm.adapter, gm.task, self.attention_mask, self.token_type_ids
+        )
         self.null_keys: list[str] = []
         if skip_null_targets:
-            self.null_keys = _null_keys(keys, target_gradients(update, keys))
+            candidates = [specs_by_key[k] for k in keys]
+            if _from_adam(update) and knowledge.template_ids is not None:
+                reference = self._probe_gradients(candidates)
+            else:
+                reference = _as_gradient(update, [_received(update, s) for s in candidates])
+            self.null_keys = _null_keys(keys, reference)
             keys = [k for k in keys if k not in self.null_keys] or keys
         self.keys = keys
         self.specs: list[TensorSpec] = [specs_by_key[k] for k in self.keys]
@@ -140,24 +249,83 @@ class GradientMatcher:
             p.requires_grad_(False)
         for p in self.params:
             p.requires_grad_(True)
-        self.targets = [t.detach() for t in target_gradients(update, self.keys)]
+        received = [_received(update, spec) for spec in self.specs]
+        self.targets = [t.detach() for t in _as_gradient(update, received)]
         self.distance = distance
-        self.attention_mask = knowledge.attention_mask
-        self.token_type_ids = knowledge.token_type_ids
-        # The labels the dummy loss uses: the known ones, or an assignment under test when the
-        # attack enumerates unknown labels.
-        self.labels = labels if labels is not None else knowledge.labels
-        self._loss_module = _TaskLoss(
-            self.model, gm.adapter, gm.task, self.attention_mask, self.token_type_ids
+        self.simulator: LocalTrainingSimulator | None = None
+        if fedavg_match == "simulate":
+            self.simulator = self._simulator(update, params)
+        elif fedavg_match != "pseudo":
+            raise GradleakError(f"unknown --fedavg-match '{fedavg_match}': use pseudo | simulate")
+
+    def _simulator(
+        self, update: ClientUpdate, params: dict[str, nn.Parameter]
+    ) -> LocalTrainingSimulator:
+        """The replay of the client's round: every parameter the global model trains moves."""
+        gm = self.knowledge.global_model
+        facts = LocalTraining.from_update(update)
+        trained = [n for n, p in gm.model.named_parameters() if p.requires_grad]
+        embedding = gm.adapter.token_embedding(unwrap(self.model))
+        table = next((n for n in trained if params[n] is embedding.weight), None)
+        return LocalTrainingSimulator(
+            self._loss_module,
+            prefix="model.",
+            initial={n: params[n] for n in trained},
+            facts=facts,
+            attention_mask=self.attention_mask,
+            token_type_ids=self.token_type_ids,
+            table=None if table is None else EmbeddingTable(table, embedding.padding_idx),
         )
+
+    def _probe_gradients(self, specs: list[TensorSpec]) -> list[torch.Tensor]:
+        """The gradient of ``specs`` at random tokens in the known template (eval mode, so no
+        dropout draw moves the attack's random stream): what :func:`_null_keys` reads when the
+        received update cannot tell. The nulls it finds are structural (softmax ignores a shift
+        of all keys at every input), so any input shows them."""
+        gm = self.knowledge.global_model
+        template = self.knowledge.template_ids
+        table = gm.adapter.token_embedding(unwrap(self.model)).weight.detach()
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randint(table.shape[0], template.shape, generator=generator)
+        ids = torch.where(template >= 0, template, noise)
+        labels = self.labels
+        if labels is None:  # unknown classification labels: any assignment shows the nulls
+            labels = {"label": torch.zeros(template.shape[0], dtype=torch.long)}
+        names = {s.param for s in specs}
+        params = {n: p.detach() for n, p in self.model.named_parameters() if n in names}
+        module = self._loss_module
+
+        def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            named = {f"model.{n}": t for n, t in p.items()}
+            return functional_call(module, named, (table[ids], labels, ids))
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            by_name = grad(loss_of)(params)
+        finally:
+            self.model.train(was_training)
+        return [s.take(by_name[s.param]) for s in specs]
+
+    @property
+    def needs_ids(self) -> bool:
+        """Whether the loss depends on the token ids passed with the embeddings."""
+        lm = self.knowledge.global_model.task == "causal_lm"
+        return lm or (self.simulator is not None and self.simulator.uses_ids)
 
     def dummy_gradients(
         self,
         embeds: torch.Tensor,
-        lm_targets: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
         create_graph: bool = True,
     ) -> list[torch.Tensor]:
-        loss = self._loss_module(embeds, self.labels or {}, lm_targets)
+        """The dummy side of the match, one tensor per matched key: the gradient, or with
+        ``fedavg_match="simulate"`` the simulated delta in gradient units."""
+        labels = self.labels or {}
+        if self.simulator is not None:
+            by_name = self.simulator.pseudo_gradient(embeds, labels, ids)
+            return [s.take(by_name[s.param]) for s in self.specs]
+        loss = self._loss_module(embeds, labels, ids)
         grads = torch.autograd.grad(loss, self.params, create_graph=create_graph, allow_unused=True)
         by_name = {
             n: torch.zeros_like(p) if g is None else g
@@ -168,16 +336,16 @@ class GradientMatcher:
     def loss(
         self,
         embeds: torch.Tensor,
-        lm_targets: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
         create_graph: bool = True,
     ) -> torch.Tensor:
-        grads = self.dummy_gradients(embeds, lm_targets, create_graph)
+        grads = self.dummy_gradients(embeds, ids, create_graph)
         return self.distance(grads, self.targets)
 
     def batched_loss(
         self,
         embeds: torch.Tensor,
-        lm_targets: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
         chunk: int = 0,
     ) -> torch.Tensor:
         """Matching loss of each candidate ``embeds[c]`` (``[C, B, L, d]``), not differentiable.
@@ -190,41 +358,48 @@ class GradientMatcher:
         if chunk <= 0:
             with torch.enable_grad():
                 losses = [
-                    self.loss(
-                        embeds[c], None if lm_targets is None else lm_targets[c], False
-                    ).detach()
+                    self.loss(embeds[c], None if ids is None else ids[c], False).detach()
                     for c in range(embeds.shape[0])
                 ]
             return torch.stack(losses)
         params = {name: p.detach() for name, p in zip(self.param_names, self.params, strict=True)}
         labels = self.labels or {}
         module = self._loss_module
+        simulator = self.simulator
 
-        def one(candidate: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        def one(candidate: torch.Tensor, candidate_ids: torch.Tensor | None) -> torch.Tensor:
             def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
                 named = {f"model.{n}": t for n, t in p.items()}
-                return functional_call(module, named, (candidate, labels, targets))
+                return functional_call(module, named, (candidate, labels, candidate_ids))
 
-            by_name = grad(loss_of)(params)
+            if simulator is not None:
+                by_name = simulator.pseudo_gradient(candidate, labels, candidate_ids)
+            else:
+                by_name = grad(loss_of)(params)
             return self.distance([s.take(by_name[s.param]) for s in self.specs], self.targets)
 
-        batched = vmap(one, in_dims=(0, None if lm_targets is None else 0), randomness="same")
+        batched = vmap(one, in_dims=(0, None if ids is None else 0), randomness="same")
         out = []
         with torch.no_grad():
             for start in range(0, embeds.shape[0], chunk):
                 part = slice(start, start + chunk)
-                targets = None if lm_targets is None else lm_targets[part]
-                out.append(batched(embeds[part], targets))
+                out.append(batched(embeds[part], None if ids is None else ids[part]))
         return torch.cat(out)
 
     def gradient_numel(self) -> int:
-        """Entries of the parameters whose gradient is computed (sizes batched scoring)."""
+        """Entries one candidate's scoring keeps (sizes batched scoring): the matched
+        parameters' gradients, or a simulated round's weights and optimizer state."""
+        if self.simulator is not None:
+            return self.simulator.state_numel()
         return sum(p.numel() for p in self.params)
 
 
 class _TaskLoss(nn.Module):
     """The task loss as a module of (embeddings, labels, LM targets), so ``torch.func`` can
-    swap in parameters; its parameters are the victim model's, prefixed with ``model.``."""
+    swap in parameters; its parameters are the victim model's, prefixed with ``model.``.
+
+    ``attention_mask``/``token_type_ids`` default to the whole batch's; a simulated local batch
+    passes its own rows'."""
 
     def __init__(self, model, adapter, task, attention_mask, token_type_ids) -> None:
         super().__init__()
@@ -239,14 +414,16 @@ class _TaskLoss(nn.Module):
         embeds: torch.Tensor,
         labels: dict[str, torch.Tensor],
         lm_targets: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return task_loss(
             self.model,
             self.adapter,
             self.task,
-            self.attention_mask,
+            self.attention_mask if attention_mask is None else attention_mask,
             labels,
             inputs_embeds=embeds,
-            token_type_ids=self.token_type_ids,
+            token_type_ids=self.token_type_ids if token_type_ids is None else token_type_ids,
             lm_targets=lm_targets,
         )

@@ -11,9 +11,13 @@ The engine is built from pieces that the settings switch on:
 * regularizer: LAMP's ``alpha_reg * (mean ||x_i|| - init_size)^2`` on the free embeddings;
 * discrete rounds (``discrete_every`` > 0): reorderings of each sentence scored by matching loss
   plus ``alpha_lm`` times an LM prior's cross-entropy (``prior``);
-* unknown labels (``label_search``): enumerate the label assignments of a classification batch.
+* unknown labels (``label_search``): enumerate the label assignments of a classification batch;
+* what is matched: any subset of the update (``match``), each tensor's term optionally made
+  scale-free and equally weighted (``normalize``, Li, Xu & Dras), and a FedAvg delta either as
+  a pseudo-gradient or against a simulated local round (``fedavg_match``, Wang & Li).
 
-DLG and TAG leave them all off and behave exactly as before they existed.
+DLG and TAG leave them all off and behave exactly as before they existed; ``normalize`` and
+``fedavg_match`` default to the behaviour LAMP's code has (``none``, ``pseudo``) for every attack.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from transformers import PreTrainedTokenizerBase
 from gradleak.attacks import initialization as init
 from gradleak.attacks.base import AttackFailed, Reconstruction
 from gradleak.attacks.discrete import candidate_permutations, transform_of
-from gradleak.attacks.objective import DISTANCES, GradientMatcher
+from gradleak.attacks.objective import GradientMatcher, make_distance, matchable_specs
 from gradleak.attacks.prior import NO_PRIOR, CausalLMPrior, LanguagePrior, load_prior_model
+from gradleak.attacks.simulation import LocalTraining
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
@@ -63,6 +68,18 @@ class OptimizationSettings(BaseModel):
         "eval", pattern="^(eval|train)$", description="model mode for the dummy gradients"
     )
     match: str = Field("all", description="subset of the update to match (sharing syntax)")
+    normalize: str = Field(
+        "none",
+        pattern="^(none|tensor)$",
+        description="none: the distance as LAMP ran it | tensor: each matched tensor's term "
+        "scale-free and weighted equally (Li, Xu & Dras eq. 1-4)",
+    )
+    fedavg_match: str = Field(
+        "pseudo",
+        pattern="^(pseudo|simulate)$",
+        description="FedAvg deltas: pseudo (-delta / (steps * lr) as a gradient) | simulate "
+        "(replay local training on the dummy batch, Wang & Li eq. 12-14)",
+    )
     # --- LAMP ---------------------------------------------------------------------------
     n_init: int = Field(
         1, ge=1, description="Gaussian start candidates, then as many random orders (LAMP 500)"
@@ -176,7 +193,7 @@ class Workspace:
     allowed: torch.Tensor  # [V] bool
     template: torch.Tensor  # [B, L]: known ids, -1 at free positions
     fixed: torch.Tensor  # [B, L, d] embeddings of the known ids
-    is_lm: bool
+    needs_ids: bool  # the loss reads token ids: LM targets, a simulated trained table
     chunk: int  # candidates per batched scoring call (0: one by one)
     free_positions: list[torch.Tensor] = field(init=False)
 
@@ -199,8 +216,8 @@ class Workspace:
         for start in range(0, free.shape[0], group):
             part = free[start : start + group]
             embeds = torch.where(self.free_mask, part, self.fixed)
-            targets = self.ids(part) if self.is_lm else None
-            out.append(self.matcher.batched_loss(embeds, targets, chunk=self.chunk))
+            ids = self.ids(part) if self.needs_ids else None
+            out.append(self.matcher.batched_loss(embeds, ids, chunk=self.chunk))
         return torch.cat(out)
 
 
@@ -251,8 +268,11 @@ class OptimizationAttack:
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
         check_optimization_applies(knowledge, self.name, self.settings.label_search)
+        if self.settings.fedavg_match == "simulate":
+            LocalTraining.from_update(update)  # a FedSGD update or missing facts: one line
         keys = self._match_keys(update, knowledge)
-        if keys is not None and not set(keys) <= set(update.tensors):
+        held = matchable_specs(update, knowledge.global_model)
+        if keys is not None and not set(keys) <= set(held):
             raise GradleakError(
                 f"--match '{self.settings.match}' asks for tensors the update does not contain: "
                 "choose a subset of what the client shares"
@@ -264,10 +284,12 @@ class OptimizationAttack:
         matcher = GradientMatcher(
             update,
             knowledge,
-            DISTANCES[s.distance],
+            make_distance(s.distance, s.normalize),
             mode=s.attacker_mode,
             keys=self._match_keys(update, knowledge),
-            skip_null_targets=s.distance == "cos",
+            # a scale-free distance turns a rounding-noise target into a full-weight term
+            skip_null_targets=s.distance == "cos" or s.normalize != "none",
+            fedavg_match=s.fedavg_match,
         )
         gm = knowledge.global_model
         embedding = gm.adapter.token_embedding(unwrap(matcher.model)).weight.detach()
@@ -278,7 +300,7 @@ class OptimizationAttack:
             allowed=allowed_token_mask(knowledge.tokenizer, embedding.shape[0]),
             template=template,
             fixed=embedding[template.clamp(min=0)],
-            is_lm=gm.task == "causal_lm",
+            needs_ids=matcher.needs_ids,
             chunk=self._score_chunk(matcher, template.shape[0]),
         )
 
@@ -310,6 +332,13 @@ class OptimizationAttack:
         info = {"best_loss": outcome.best_loss, "steps": s.steps, **outcome.info}
         if matcher.null_keys:
             info["unmatched_null_tensors"] = matcher.null_keys
+        if matcher.simulator is not None:
+            facts = matcher.simulator.facts
+            info["delta_simulation"] = {
+                "local_steps": facts.steps,
+                "batch_order": "dummy order as given, every epoch",
+                "order_reproducible": facts.order_reproducible,
+            }
         return Reconstruction(token_ids=token_ids, info=info)
 
     def _score_chunk(self, matcher: GradientMatcher, batch_size: int) -> int:
@@ -340,8 +369,8 @@ class OptimizationAttack:
         rounds = 0
         for step in range(s.steps):
             optimizer.zero_grad(set_to_none=True)
-            lm_targets = ws.ids(dummy.free) if ws.is_lm else None
-            loss = ws.matcher.loss(dummy.embeds(), lm_targets)
+            ids = ws.ids(dummy.free) if ws.needs_ids else None
+            loss = ws.matcher.loss(dummy.embeds(), ids)
             if s.alpha_reg > 0:
                 norms = dummy.free.norm(dim=-1)[ws.free_mask[..., 0]]
                 loss = loss + s.alpha_reg * (norms.mean() - init_size) ** 2
