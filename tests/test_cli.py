@@ -160,11 +160,16 @@ def test_models_and_datasets_listings():
     assert datasets.exit_code == 0 and "rotten_tomatoes" in datasets.output
 
 
-def test_demo_runs_three_scenarios_on_minilm(tmp_path):
+def test_demo_runs_three_tag_scenarios_and_dager_on_minilm(tmp_path):
     out = tmp_path / "demo.json"
     result = invoke("demo", "--steps", "2", "--n-inputs", "1", "--out", str(out))
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())
-    assert [r["scenario"]["label"] for r in records] == ["EVAL", "TRAIN_EVAL", "TRAIN_EVAL"]
+    labels = [r["scenario"]["label"] for r in records]
+    assert labels == ["EVAL", "TRAIN_EVAL", "TRAIN_EVAL", "TRAIN_EVAL"]
+    assert [r["config"]["attack"] for r in records] == ["tag", "tag", "tag", "dager"]
     assert records[2]["config"]["protocol"]["algorithm"] == "fedavg"
+    assert records[3]["config"]["protocol"]["mode"] == "train"
+    assert records[3]["metrics"]["strict"]["exact_match"] == 100.0  # dropout does not save it
     assert "Eval-mode shortcut: strict ROUGE-1" in result.output
+    assert "DAGER recovered 100% of the sentences" in result.output
