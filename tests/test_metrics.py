@@ -187,3 +187,18 @@ def test_results_round_trip_through_json() -> None:
     assert paper_back.means == paper.means
     assert aggregate([strict.to_dict()], [paper.to_dict()]) == aggregate([strict], [paper])
     json.dumps(aggregate([strict], [paper]))
+
+
+def test_paper_best_pairing_lets_each_reference_take_its_best_prediction():
+    references = ["the cat sat", "a dog ran home"]
+    swapped = ["a dog ran home", "the cat sat"]
+    in_order = paper_scores(swapped, references)
+    best = paper_scores(swapped, references, pairing="best")
+    assert in_order.means["rouge1"] == 0.0
+    assert best.means["rouge1"] == 100.0
+    # DAGER's matching: several references may share one prediction.
+    shared = paper_scores(["the cat sat"], ["the cat sat", "the cat"], pairing="best")
+    assert [p["rouge1"] for p in shared.per_pair] == [100.0, pytest.approx(80.0)]
+    assert paper_scores([], references, pairing="best").means["rouge1"] == 0.0
+    with pytest.raises(GradleakError, match="unknown pairing"):
+        paper_scores(swapped, references, pairing="hungarian")

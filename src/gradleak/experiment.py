@@ -133,15 +133,19 @@ def attack_one(
     except AttackFailed as exc:
         return {"index": index, "error": str(exc), "attack_s": time.perf_counter() - start}
     attack_s = time.perf_counter() - start
-    return evaluate(index, tokenizer, references_ids, reconstruction.token_ids) | {
+    pairing = getattr(attack, "paper_pairing", "order")
+    return evaluate(index, tokenizer, references_ids, reconstruction.token_ids, pairing) | {
         "labels": [ex.label for ex in batch_examples],
         "attack_s": attack_s,
         "info": reconstruction.info,
     }
 
 
-def evaluate(index: int, tokenizer, references_ids, predictions_ids) -> dict[str, Any]:
-    """Score one batch: strict (specials removed, Hungarian matching) and paper-compatible."""
+def evaluate(
+    index: int, tokenizer, references_ids, predictions_ids, paper_pairing: str = "order"
+) -> dict[str, Any]:
+    """Score one batch: strict (specials removed, Hungarian matching) and paper-compatible
+    (paired the way the attack's own paper pairs, see ``metrics.paper_scores``)."""
     special = set(tokenizer.all_special_ids)
 
     def clean(ids: list[int]) -> list[int]:
@@ -161,6 +165,7 @@ def evaluate(index: int, tokenizer, references_ids, predictions_ids) -> dict[str
     paper = metrics.paper_scores(
         [tokenizer.decode(ids) for ids in predictions_ids],
         [tokenizer.decode(ids) for ids in references_ids],
+        pairing=paper_pairing,
     )
     return {
         "index": index,

@@ -250,21 +250,37 @@ def strict_scores(
     return StrictResult(pairs=tuple(pairs), n_predictions=len(predictions))
 
 
-def paper_scores(predictions: list[str], references: list[str]) -> PaperResult:
-    """Score one batch the way LAMP's table does, for comparison with published numbers.
+PAPER_PAIRINGS = ("order", "best")
+
+
+def paper_scores(
+    predictions: list[str], references: list[str], pairing: str = "order"
+) -> PaperResult:
+    """Score one batch the way the papers' tables do, for comparison with published numbers.
 
     Special tokens are kept (pass the raw decoded strings, so "[CLS]" counts as the word
-    "cls"), and prediction i is paired with reference i. LAMP / HF ``evaluate`` report the
-    BootstrapAggregator "mid" of these F-measures; that is an estimate of their mean, so we
-    report the mean itself (deterministic). A missing prediction (fewer predictions than
-    references) scores 0; extra predictions are ignored.
+    "cls"). ``pairing="order"`` pairs prediction i with reference i (LAMP's optimization
+    attacks keep the batch order); ``"best"`` gives each reference its best prediction by
+    ROUGE-1, several references possibly sharing one (DAGER's matching: its output is a set).
+    LAMP / HF ``evaluate`` report the BootstrapAggregator "mid" of these F-measures; that is
+    an estimate of their mean, so we report the mean itself (deterministic). A missing
+    prediction scores 0; extra predictions are ignored under ``order``.
     """
     if not references:
         raise GradleakError("no references to score")
-    per_pair = tuple(
-        _rouge(predictions[i] if i < len(predictions) else "", ref)
-        for i, ref in enumerate(references)
-    )
+    if pairing not in PAPER_PAIRINGS:
+        raise GradleakError(f"unknown pairing '{pairing}': use one of {PAPER_PAIRINGS}")
+    if pairing == "best":
+        per_pair = tuple(
+            max((_rouge(p, ref) for p in predictions), key=lambda s: s["rouge1"], default=None)
+            or _rouge("", ref)
+            for ref in references
+        )
+    else:
+        per_pair = tuple(
+            _rouge(predictions[i] if i < len(predictions) else "", ref)
+            for i, ref in enumerate(references)
+        )
     return PaperResult(per_pair=per_pair)
 
 

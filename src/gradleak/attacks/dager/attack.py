@@ -153,6 +153,7 @@ class Extension:
 
 class DagerAttack:
     name = "dager"
+    paper_pairing = "best"  # its output is a set: the paper scores each reference's best match
 
     def __init__(self, settings: DagerSettings | None = None) -> None:
         self.settings = settings or DagerSettings()
