@@ -22,8 +22,12 @@ def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
         for ds in DATASETS
         for b in (1, 2, 4, 8, 16, 32)
     ]
-    cells += [  # the absolute-position (GPT-2) path on a random-init model
-        (f"tiny-gpt2-classification-{ds}-B{b}", _dager("tiny-gpt2", ds, b, batches, data_dir))
+    cells += [  # the absolute-position (GPT-2) path on a random-init model; eval mode, as its
+        # hidden size 64 leaves the robust dropout check too few spare dimensions at B=4
+        (
+            f"tiny-gpt2-classification-{ds}-B{b}",
+            _dager("tiny-gpt2", ds, b, batches, data_dir, protocol={"mode": "eval"}),
+        )
         for ds in DATASETS
         for b in (1, 4)
     ]
