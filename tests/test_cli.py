@@ -173,3 +173,11 @@ def test_demo_runs_three_tag_scenarios_and_dager_on_minilm(tmp_path):
     assert records[3]["metrics"]["strict"]["exact_match"] == 100.0  # dropout does not save it
     assert "Eval-mode shortcut: strict ROUGE-1" in result.output
     assert "DAGER recovered 100% of the sentences" in result.output
+
+
+def test_batch_beyond_dagers_rank_limit_is_a_one_line_error():
+    args = ["attack", "--model", "tiny-bert", "--attack", "dager", "--mode", "eval"]
+    result = invoke(*args, "--batch-size", "8")  # ~120 tokens > hidden size 64
+    assert result.exit_code == 2, result.output
+    assert "full rank" in result.output and "--batch-size" in result.output
+    assert "Traceback" not in result.output

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import encode
 
-from gradleak.attacks import make_attack
+from gradleak.attacks import AttackFailed, make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -101,7 +101,7 @@ def test_full_rank_batch_is_a_clear_error(tiny_victim):
     many = [
         Example(f"sentence number {i} has quite a few words in it", label=i % 2) for i in range(8)
     ]
-    with pytest.raises(GradleakError, match="full rank"):
+    with pytest.raises(AttackFailed, match="full rank"):
         attack(victim, Protocol(mode="eval"), many)
 
 

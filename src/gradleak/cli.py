@@ -284,6 +284,9 @@ def attack(
     print_record(record)
     if out:
         console.print(f"record written to {out}")
+    errors = [s["error"] for s in record["samples"] if "error" in s]
+    if errors and len(errors) == len(record["samples"]):
+        raise fail(errors[0])  # nothing could be attacked: say why in one line
 
 
 def _set_threads(threads: int) -> None:

@@ -122,7 +122,10 @@ def attack_one(
     update = compute_update(gm, batch, seed=derived_seed(config.seed, index, 0))
     knowledge = server_knowledge(gm, batch, config.known_labels, config.known_lengths)
     attack = prepared.attack
-    attack.check(update, knowledge)
+    try:
+        attack.check(update, knowledge)
+    except AttackFailed as exc:  # a limit of this batch (e.g. DAGER's rank): record, go on
+        return {"index": index, "error": str(exc), "attack_s": 0.0}
     references_ids = [
         row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)
     ]

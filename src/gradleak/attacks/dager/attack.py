@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from gradleak.attacks.base import Reconstruction
+from gradleak.attacks.base import AttackFailed, Reconstruction
 from gradleak.attacks.dager.span import SpanBasis, gap_threshold, span_basis
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
@@ -255,8 +255,8 @@ class DagerAttack:
                     f"gradient, which this update does not contain: share {layer}.qkv"
                 )
             for one in check.checks:
-                if one.span.full:
-                    raise GradleakError(
+                if one.span.full:  # this batch's limit, not the setup's: the run goes on
+                    raise AttackFailed(
                         f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
                         f"{one.span.rank} (the batch holds at least as many distinct tokens as "
                         f"the {'LoRA rank' if one.transform is not None else 'hidden size'}): "
