@@ -180,3 +180,17 @@ def test_cached_decoder_search_finds_what_the_full_prefix_search_finds(tiny_vict
     cached, cached_result = attack(tiny_victim(name), Protocol(mode="eval"))
     assert cached == full == ["a dog ran home", "the cat sat on the mat"]
     assert sorted(cached_result.token_ids) == sorted(full_result.token_ids)
+
+
+def test_encoder_beam_recovers_sentences_that_share_words(tiny_victim):
+    """Three sentences with words in common at the same positions: every position offers
+    each sentence's token, and only the layer-2 ranked beam pairs them up."""
+    examples = [
+        Example("the cat sat on the mat", label=1),
+        Example("the dog sat on a log", label=0),
+        Example("a cat ran to the door", label=1),
+    ]
+    settings = DagerSettings(encoder_beam=8)
+    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples, settings)
+    assert decoded == sorted(e.text for e in examples)
+    assert result.info["capped"]  # 96 combinations: the beam of 8 dropped some on the way

@@ -5,7 +5,8 @@
    absolute-position models, the first norm) lies in layer 1's span, per position.
 3. Sequence recovery: decoders extend prefixes token by token and keep a prefix only if its
    last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix only);
-   encoders enumerate per-position candidates of each sentence length (capped) and keep the
+   encoders fill each sentence length left to right with a beam ranked by layer 2 (the paper
+   enumerates combinations, which explodes here, see ``_encoder_search``) and keep the
    sentences whose layer-2 inputs all lie in the span.
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
@@ -15,7 +16,6 @@ the adapter's space (``A x`` for the B matrix's gradient, ``x`` for A's).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,7 +48,10 @@ class DagerSettings(BaseModel):
     fallback_threshold: float = Field(1e-2, gt=0, description="used when no gap is clear")
     max_length: int = Field(128, ge=2, description="longest sequence searched")
     max_beam: int = Field(2048, ge=1, description="decoder prefixes kept per position")
-    max_combinations: int = Field(20000, ge=1, description="encoder sentences tried per length")
+    max_combinations: int = Field(
+        100_000, ge=1, description="encoder search budget: sentences scored per length"
+    )
+    encoder_beam: int = Field(32, ge=1, description="encoder partial sentences kept per position")
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget: candidate sequences checked in all"
@@ -139,6 +142,24 @@ class Beam:
     def entry(self, index: int) -> tuple[list[int], float]:
         """One prefix as the search's result lists hold it: (token ids, score)."""
         return self.ids[index].tolist(), self.scores[index]
+
+
+@dataclass
+class Candidate:
+    """A complete encoder sentence and the layer-2 distance of each of its positions."""
+
+    ids: list[int]
+    distances: torch.Tensor  # [L], float64
+
+    @property
+    def worst(self) -> float:
+        """Its largest distance: a sentence of the batch passes at every position."""
+        return float(self.distances.max())
+
+    @property
+    def mean_log(self) -> float:
+        """How close it came overall, for ranking sentences that do not pass."""
+        return float(_log_mean(self.distances))
 
 
 @dataclass
@@ -276,10 +297,11 @@ class DagerAttack:
         with torch.no_grad():
             candidates = self._token_candidates(hf, knowledge, layer1, state)
             if gm.adapter.is_decoder:
-                sentences = self._decoder_search(hf, knowledge, layer2, candidates, state)
+                found = self._decoder_search(hf, knowledge, layer2, candidates, state)
+                sentences = self._pick_batch(found, knowledge.batch_size)
             else:
-                sentences = self._encoder_search(hf, knowledge, layer2, candidates, state)
-        sentences = self._pick_batch(sentences, knowledge.batch_size)
+                found = self._encoder_search(hf, knowledge, layer2, candidates, state)
+                sentences = self._pick_encoder_batch(found, knowledge.batch_size, state)
         return Reconstruction(
             token_ids=[ids for ids, _ in sentences],
             info={
@@ -369,18 +391,6 @@ class DagerAttack:
             per_position.append(tokens)
         state.notes.append(f"layer-1 tokens per position: {[len(t) for t in per_position]}")
         return per_position
-
-    def _layer2_distances(
-        self, hf: nn.Module, knowledge: ServerKnowledge, layer2: LayerCheck, ids: torch.Tensor
-    ) -> torch.Tensor:
-        """Layer-2 span distance of every position of every sequence in ``ids`` ``[N, L]``."""
-        adapter = knowledge.global_model.adapter
-        out = []
-        for start in range(0, ids.shape[0], self.settings.chunk):
-            chunk = ids[start : start + self.settings.chunk]
-            inputs = {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
-            out.append(layer2.distance(adapter.layer_input(hf, 1, inputs)))
-        return torch.cat(out)
 
     def _decoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
         """Extend prefixes one token at a time; keep those whose new position passes layer 2."""
@@ -519,44 +529,120 @@ class DagerAttack:
         last_input = torch.cat([part.last for part in parts])
         return Beam(ids, scores, past=past, last_input=last_input)
 
-    def _encoder_search(self, hf, knowledge, layer2, candidates, state) -> list:
-        """For each sentence length ending in a separator, try combinations of candidates."""
+    def _encoder_search(self, hf, knowledge, layer2, candidates, state) -> list[Candidate]:
+        """For each sentence length ending in a separator, a beam search over its positions.
+
+        The paper enumerates every combination of the per-position candidates. Against a
+        LayerNorm'd absolute-position input that explodes: once the batch holds more distinct
+        tokens than the span can separate, ``LN(token + position)`` is a combination of the
+        batch's own inputs for every batch token at every batch position, so each position
+        keeps (nearly) every batch token. Instead the positions are filled left to right and
+        each partial sentence is ranked by the layer-2 distance of its filled positions, with
+        the unfilled ones holding the mean embedding of their candidates: a layer-2 input is
+        dominated by its own token (residual path) and the neutral filler keeps the attention
+        context close to the true one. Complete sentences are then checked exactly.
+        """
         tokenizer = knowledge.tokenizer
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
-        found: list[tuple[list[int], float]] = []
+        inner = [[t for t in options if t not in specials] for options in candidates]
+        table = knowledge.global_model.adapter.token_embedding(hf).weight.detach()
+        fillers = [table[options].mean(dim=0) if options else table[sep] for options in inner]
+        found: list[Candidate] = []
         for end, tokens in enumerate(candidates):
-            if end < 1 or sep not in tokens:
+            # A sentence needs one token between [CLS] and [SEP], each position a candidate.
+            if end < 2 or sep not in tokens or any(not o for o in inner[1:end]):
                 continue
-            inner = [[t for t in candidates[p] if t not in specials] for p in range(1, end)]
-            if any(not options for options in inner):
-                continue
-            total = math.prod(len(options) for options in inner)
-            if total > self.settings.max_combinations:
-                state.capped = True
-                state.notes.append(f"length {end + 1}: {total} combinations, greedy search")
-                combos = self._greedy_combinations(hf, knowledge, layer2, inner, cls, sep)
-            else:
-                combos = [list(c) for c in itertools.product(*inner)]
-            ids = torch.tensor([[cls, *combo, sep] for combo in combos])
-            scores = self._layer2_distances(hf, knowledge, layer2, ids).max(dim=1).values
-            cut = self._threshold(scores, self.settings.l2_threshold, knowledge.batch_size)
-            keep = torch.nonzero(scores < cut).flatten().tolist() or [int(scores.argmin())]
-            found += [(ids[i].tolist(), scores[i].item()) for i in keep]
+            context = torch.stack([table[cls], *fillers[1:end], table[sep]])
+            for ids, distances in self._encoder_beam(
+                hf, knowledge, layer2, inner[1:end], context, state
+            ):
+                found.append(Candidate([cls, *ids, sep], distances))
         return found
 
-    def _greedy_combinations(self, hf, knowledge, layer2, inner, cls, sep) -> list[list[int]]:
-        """Coordinate descent from the first option of every position, a few rounds."""
-        current = [options[0] for options in inner]
-        tried = [list(current)]
-        for _ in range(3):
-            for position, options in enumerate(inner):
-                variants = [current[:position] + [t] + current[position + 1 :] for t in options]
-                ids = torch.tensor([[cls, *v, sep] for v in variants])
-                scores = self._layer2_distances(hf, knowledge, layer2, ids).max(dim=1).values
-                current = variants[int(scores.argmin())]
-                tried += variants
-        return [list(c) for c in {tuple(c) for c in tried}]
+    def _encoder_beam(
+        self,
+        hf: nn.Module,
+        knowledge: ServerKnowledge,
+        layer2: LayerCheck,
+        inner: list[list[int]],
+        context: torch.Tensor,
+        state: SearchState,
+    ) -> list[tuple[list[int], torch.Tensor]]:
+        """Beam search over one length's inner positions (see ``_encoder_search``).
+
+        Returns the final beam: inner token ids and the layer-2 distance of every position.
+        The beam narrows when its width times the options would exceed the length's budget."""
+        trials = sum(len(options) for options in inner)
+        width = max(1, min(self.settings.encoder_beam, self.settings.max_combinations // trials))
+        if width < self.settings.encoder_beam:
+            state.notes.append(f"length {len(inner) + 2}: beam narrowed to {width} by the budget")
+        beam = torch.zeros((1, 0), dtype=torch.long)
+        distances = torch.zeros((1, context.shape[0]), dtype=torch.float64)
+        for position, options in enumerate(inner, start=1):
+            parents = torch.arange(len(beam)).repeat_interleave(len(options))
+            added = torch.tensor(options).repeat(len(beam))
+            beam = torch.cat([beam[parents], added[:, None]], dim=1)
+            distances = self._filled_distances(hf, knowledge, layer2, beam, context)
+            if len(beam) > width:
+                state.capped = True
+                filled = distances[:, : position + 1]
+                keep = torch.topk(_log_mean(filled), width, largest=False).indices
+                beam, distances = beam[keep], distances[keep]
+        return list(zip(beam.tolist(), distances, strict=True))
+
+    def _filled_distances(
+        self,
+        hf: nn.Module,
+        knowledge: ServerKnowledge,
+        layer2: LayerCheck,
+        prefixes: torch.Tensor,
+        context: torch.Tensor,
+    ) -> torch.Tensor:
+        """Layer-2 distances ``[N, L]`` of sentences whose positions after [CLS] hold
+        ``prefixes`` ``[N, k]`` and whose other positions keep ``context``'s embeddings."""
+        adapter = knowledge.global_model.adapter
+        table = adapter.token_embedding(hf).weight
+        out = []
+        for chunk in prefixes.split(self.settings.chunk):
+            embeds = context.expand(len(chunk), -1, -1).clone()
+            embeds[:, 1 : 1 + chunk.shape[1]] = table[chunk]
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long)
+            hidden = adapter.layer_input(hf, 1, {"inputs_embeds": embeds, "attention_mask": mask})
+            out.append(layer2.distance(hidden))
+        return torch.cat(out)
+
+    def _pick_encoder_batch(
+        self, found: list[Candidate], batch_size: int, state: SearchState
+    ) -> list[tuple[list[int], float | None]]:
+        """The batch: every sentence that passes layer 2 exactly, then the best approximate
+        ones that are not variants of a sentence already chosen.
+
+        A beam ends with many one-token variants of each sentence; they score well but only
+        repeat what was chosen, while the batch has other sentences to cover.
+        """
+        if not found:
+            state.notes.append("no sentence was found")
+            return self._pick_batch([], batch_size)
+        worst = torch.stack([c.distances.max() for c in found])
+        cut = self._threshold(worst, self.settings.l2_threshold, batch_size)
+        exact = sorted((c for c in found if c.worst < cut), key=lambda c: c.worst)
+        rest = sorted((c for c in found if c.worst >= cut), key=lambda c: c.mean_log)
+        chosen: list[Candidate] = []
+        for candidate in exact:
+            if candidate.ids not in [c.ids for c in chosen]:
+                chosen.append(candidate)
+        state.notes.append(f"{len(chosen)} sentences pass layer 2")
+        for candidate in rest:
+            if len(chosen) < batch_size and not any(
+                _variant(candidate.ids[1:-1], c.ids[1:-1]) for c in chosen
+            ):
+                chosen.append(candidate)
+        # Fewer distinct sentences than the batch holds: variants are still better than none.
+        for candidate in rest:
+            if len(chosen) < batch_size and candidate.ids not in [c.ids for c in chosen]:
+                chosen.append(candidate)
+        return self._pick_batch([(c.ids, c.worst) for c in chosen], batch_size)
 
     def _pick_batch(self, sentences: list, batch_size: int) -> list:
         """The ``batch_size`` most convincing distinct sentences (lowest layer-2 distance)."""
@@ -586,6 +672,24 @@ def _last_position_distance(
         same = change <= 1e-6 * torch.linalg.vector_norm(last, dim=-1)
         distance = distance.masked_fill(same, float("inf"))
     return distance
+
+
+def _log_mean(distances: torch.Tensor) -> torch.Tensor:
+    """Mean log10 distance over the last dimension: one far position does not hide how many
+    others are close (the maximum would), which is what ranks partial sentences."""
+    return distances.clamp_min(1e-300).log10().mean(dim=-1)
+
+
+def _variant(ids: list[int], other: list[int], share: float = 0.5) -> bool:
+    """Whether ``ids`` repeats at least ``share`` of its tokens from ``other`` (as a multiset,
+    so a shifted or shortened copy counts too)."""
+    remaining = list(other)
+    common = 0
+    for token in ids:
+        if token in remaining:
+            remaining.remove(token)
+            common += 1
+    return common >= share * len(ids)
 
 
 def _start_tokens(tokenizer) -> list[int]:
