@@ -14,12 +14,15 @@ training's delta (Wang & Li 2024, eq. 12; see :mod:`gradleak.attacks.simulation`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
 from gradleak.attacks.simulation import EmbeddingTable, LocalTraining, LocalTrainingSimulator
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel, set_mode
@@ -27,12 +30,35 @@ from gradleak.federated.server import ServerKnowledge
 from gradleak.federated.sharing import TensorSpec, shared_tensor_specs
 from gradleak.models.tasks import task_loss, unwrap
 
-Distance = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
+TensorDistance = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
+# (inner [..., K], norm [..., K], target norms [K]) -> loss [...]: see ``Distance``.
+StatisticsDistance = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def l2_distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+@dataclass(frozen=True)
+class Distance:
+    """A distance between the dummy and the received update, over matched tensors.
+
+    ``from_statistics``, where the distance has one, gives the same number from each tensor's
+    ``<G, T>`` and squared norms alone (see :mod:`gradleak.attacks.ghost`), which needs no
+    materialized dummy gradient. Only the cosine has one: TAG's L1 term has no such form, and
+    squared L2 written as ``||G||^2 - 2 <G, T> + ||T||^2`` cancels to float32 noise near the
+    truth (1e-6 of ``||T||^2`` where the direct form reaches 1e-12), which DLG's loss needs.
+    """
+
+    on_tensors: TensorDistance
+    from_statistics: StatisticsDistance | None = None
+
+    def __call__(self, dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        return self.on_tensors(dummy, target)
+
+
+def _l2(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
     """DLG: sum over tensors of the squared L2 distance."""
     return sum(((d - t) ** 2).sum() for d, t in zip(dummy, target, strict=True))
+
+
+l2_distance = Distance(_l2)
 
 
 def tag_distance(l1_weight: float = 0.01) -> Distance:
@@ -45,10 +71,10 @@ def tag_distance(l1_weight: float = 0.01) -> Distance:
             total = total + (diff**2).sum() + l1_weight * diff.abs().sum()
         return total
 
-    return distance
+    return Distance(distance)
 
 
-def cos_distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+def _cos(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
     """Mean over tensors of 1 - cosine similarity (Geiping et al.; LAMP_cos).
 
     Written as one dot product and two norms per tensor: ``F.cosine_similarity`` materializes
@@ -61,6 +87,15 @@ def cos_distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch
         terms.append(1 - torch.dot(d, t) / norms.clamp_min(1e-12))
     return torch.stack(terms).mean()
 
+
+def _cos_statistics(inner: torch.Tensor, norm: torch.Tensor, target: torch.Tensor):
+    # The floor keeps sqrt's gradient finite where a dummy gradient is exactly zero (a LoRA A
+    # matrix whose B is still zero); vector_norm's subgradient there is zero too.
+    norms = norm.clamp_min(1e-30).sqrt() * target.sqrt()
+    return (1 - inner / norms.clamp_min(1e-12)).mean(-1)
+
+
+cos_distance = Distance(_cos, _cos_statistics)
 
 DISTANCES: dict[str, Distance] = {
     "l2": l2_distance,
@@ -96,7 +131,7 @@ def per_tensor(distance: Distance) -> Distance:
         terms = [distance([_unit(d)], [_unit(t)]) for d, t in zip(dummy, target, strict=True)]
         return torch.stack(terms).mean()
 
-    return normalized
+    return Distance(normalized)
 
 
 def make_distance(name: str, normalize: str = "none") -> Distance:
@@ -257,6 +292,7 @@ class GradientMatcher:
             self.simulator = self._simulator(update, params)
         elif fedavg_match != "pseudo":
             raise GradleakError(f"unknown --fedavg-match '{fedavg_match}': use pseudo | simulate")
+        self.ghost = self._ghost_statistics()
 
     def _simulator(
         self, update: ClientUpdate, params: dict[str, nn.Parameter]
@@ -277,11 +313,8 @@ class GradientMatcher:
             table=None if table is None else EmbeddingTable(table, embedding.padding_idx),
         )
 
-    def _probe_gradients(self, specs: list[TensorSpec]) -> list[torch.Tensor]:
-        """The gradient of ``specs`` at random tokens in the known template (eval mode, so no
-        dropout draw moves the attack's random stream): what :func:`_null_keys` reads when the
-        received update cannot tell. The nulls it finds are structural (softmax ignores a shift
-        of all keys at every input), so any input shows them."""
+    def _probe_input(self) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Embeddings, labels and ids of random tokens in the known template (seeded)."""
         gm = self.knowledge.global_model
         template = self.knowledge.template_ids
         table = gm.adapter.token_embedding(unwrap(self.model)).weight.detach()
@@ -289,23 +322,56 @@ class GradientMatcher:
         noise = torch.randint(table.shape[0], template.shape, generator=generator)
         ids = torch.where(template >= 0, template, noise)
         labels = self.labels
-        if labels is None:  # unknown classification labels: any assignment shows the nulls
+        if labels is None:  # unknown classification labels: any assignment will do
             labels = {"label": torch.zeros(template.shape[0], dtype=torch.long)}
+        return table[ids], labels, ids
+
+    def _probe_gradients(self, specs: list[TensorSpec]) -> list[torch.Tensor]:
+        """The gradient of ``specs`` at random tokens in the known template (eval mode, so no
+        dropout draw moves the attack's random stream): what :func:`_null_keys` reads when the
+        received update cannot tell. The nulls it finds are structural (softmax ignores a shift
+        of all keys at every input), so any input shows them."""
+        embeds, labels, ids = self._probe_input()
         names = {s.param for s in specs}
         params = {n: p.detach() for n, p in self.model.named_parameters() if n in names}
         module = self._loss_module
 
         def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
             named = {f"model.{n}": t for n, t in p.items()}
-            return functional_call(module, named, (table[ids], labels, ids))
+            return functional_call(module, named, (embeds, labels, ids))
 
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with _eval_mode(self.model):
             by_name = grad(loss_of)(params)
-        finally:
-            self.model.train(was_training)
         return [s.take(by_name[s.param]) for s in specs]
+
+    def _ghost_statistics(self) -> GhostStatistics | None:
+        """The ghost path (:mod:`gradleak.attacks.ghost`) where it applies: a distance with a
+        statistics form, plain gradients (not a simulated round), modules with ghost rules.
+
+        It is checked once against autograd on a probe input; a model whose code defeats the
+        hooks (a module run twice, an in-place edit of a captured output) keeps autograd."""
+        if self.simulator is not None or self.distance.from_statistics is None:
+            return None
+        if self.knowledge.template_ids is None:
+            return None
+        try:
+            ghost = GhostStatistics(self.model, self.specs, self.targets)
+            embeds, labels, ids = self._probe_input()
+            with _eval_mode(self.model), torch.enable_grad():
+                inner, norm = ghost.statistics(
+                    lambda: self._loss_module(embeds, labels, ids), embeds.shape[0]
+                )
+                dummy = self._autograd_gradients(embeds, labels, ids, create_graph=False)
+        except GhostUnsupported:
+            return None
+        pairs = zip(dummy, self.targets, strict=True)
+        expected_inner = torch.stack([(d * t).sum() for d, t in pairs])
+        expected_norm = torch.stack([d.pow(2).sum() for d in dummy])
+        scale = (expected_norm * ghost.target_norms).sqrt() + expected_norm + 1e-30
+        agree = torch.allclose(inner[0] / scale, expected_inner / scale, atol=1e-4) and (
+            torch.allclose(norm[0] / scale, expected_norm / scale, atol=1e-4)
+        )
+        return ghost if agree else None
 
     @property
     def needs_ids(self) -> bool:
@@ -325,6 +391,16 @@ class GradientMatcher:
         if self.simulator is not None:
             by_name = self.simulator.pseudo_gradient(embeds, labels, ids)
             return [s.take(by_name[s.param]) for s in self.specs]
+        return self._autograd_gradients(embeds, labels, ids, create_graph)
+
+    def _autograd_gradients(
+        self,
+        embeds: torch.Tensor,
+        labels: dict[str, torch.Tensor],
+        ids: torch.Tensor | None,
+        create_graph: bool,
+    ) -> list[torch.Tensor]:
+        """The matched tensors' dummy gradients, materialized by autograd."""
         loss = self._loss_module(embeds, labels, ids)
         grads = torch.autograd.grad(loss, self.params, create_graph=create_graph, allow_unused=True)
         by_name = {
@@ -339,8 +415,29 @@ class GradientMatcher:
         ids: torch.Tensor | None = None,
         create_graph: bool = True,
     ) -> torch.Tensor:
+        if self.ghost is not None:
+            one_ids = None if ids is None else ids[None]
+            return self._ghost_losses(embeds[None], one_ids, create_graph)[0]
         grads = self.dummy_gradients(embeds, ids, create_graph)
         return self.distance(grads, self.targets)
+
+    def _ghost_losses(
+        self, embeds: torch.Tensor, ids: torch.Tensor | None, create_graph: bool
+    ) -> torch.Tensor:
+        """Distance of each candidate ``embeds[c]`` (``[C, B, L, d]``) by the ghost path: the
+        candidates run as one batch of ``C * B`` rows, each keeping its own statistics."""
+        count, batch = embeds.shape[:2]
+        labels = {k: v.repeat(count) for k, v in (self.labels or {}).items()}
+        mask = self.attention_mask.repeat(count, 1)
+        types = None if self.token_type_ids is None else self.token_type_ids.repeat(count, 1)
+        flat = embeds.reshape(count * batch, *embeds.shape[2:])
+        flat_ids = None if ids is None else ids.reshape(count * batch, -1)
+
+        def loss_of() -> torch.Tensor:
+            return self._loss_module(flat, labels, flat_ids, mask, types)
+
+        inner, norm = self.ghost.statistics(loss_of, count * batch, count, create_graph)
+        return self.distance.from_statistics(inner, norm, self.ghost.target_norms)
 
     def batched_loss(
         self,
@@ -350,15 +447,32 @@ class GradientMatcher:
     ) -> torch.Tensor:
         """Matching loss of each candidate ``embeds[c]`` (``[C, B, L, d]``), not differentiable.
 
-        The same number as :meth:`loss` per candidate, computed ``chunk`` candidates at a time
-        with ``vmap`` over ``torch.func.grad``; ``chunk=0`` loops one by one (the reference's
-        way, and the fallback for a model torch.func cannot trace). In train mode all candidates
-        of a chunk share one dropout mask, so their comparison is not blurred by dropout noise.
+        The same number as :meth:`loss` per candidate, computed ``chunk`` candidates at a time:
+        on the ghost path as one stacked batch (no per-candidate gradient is formed), otherwise
+        with ``vmap`` over ``torch.func.grad``, where all candidates of a chunk share one dropout
+        mask in train mode. ``chunk=0`` loops one by one with each candidate's gradient
+        materialized (the reference's way, and the fallback for a model torch.func cannot
+        trace). On the ghost path a train-mode attacker draws each row's dropout mask apart, as
+        the one-by-one loop does.
         """
+        if chunk > 0 and self.ghost is not None:
+            with torch.enable_grad():
+                parts = [
+                    self._ghost_losses(
+                        embeds[start : start + chunk],
+                        None if ids is None else ids[start : start + chunk],
+                        create_graph=False,
+                    ).detach()
+                    for start in range(0, embeds.shape[0], chunk)
+                ]
+            return torch.cat(parts)
         if chunk <= 0:
             with torch.enable_grad():
                 losses = [
-                    self.loss(embeds[c], None if ids is None else ids[c], False).detach()
+                    self.distance(
+                        self.dummy_gradients(embeds[c], None if ids is None else ids[c], False),
+                        self.targets,
+                    ).detach()
                     for c in range(embeds.shape[0])
                 ]
             return torch.stack(losses)
@@ -386,12 +500,30 @@ class GradientMatcher:
                 out.append(batched(embeds[part], None if ids is None else ids[part]))
         return torch.cat(out)
 
-    def gradient_numel(self) -> int:
-        """Entries one candidate's scoring keeps (sizes batched scoring): the matched
-        parameters' gradients, or a simulated round's weights and optimizer state."""
+    def candidate_numel(self) -> int:
+        """Entries one candidate's scoring keeps (sizes batched scoring): on the ghost path its
+        activations (about 40 per token, hidden unit and layer), else the matched parameters'
+        gradients or a simulated round's weights and optimizer state, per batch row."""
+        if self.ghost is not None:
+            gm = self.knowledge.global_model
+            layers = gm.adapter.num_layers(unwrap(self.model))
+            hidden = gm.adapter.token_embedding(unwrap(self.model)).weight.shape[1]
+            return 40 * self.attention_mask.numel() * hidden * layers
+        rows = self.attention_mask.shape[0]
         if self.simulator is not None:
-            return self.simulator.state_numel()
-        return sum(p.numel() for p in self.params)
+            return self.simulator.state_numel() * rows
+        return sum(p.numel() for p in self.params) * rows
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode for a probe (no dropout draw), its mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 class _TaskLoss(nn.Module):

@@ -301,7 +301,7 @@ class OptimizationAttack:
             template=template,
             fixed=embedding[template.clamp(min=0)],
             needs_ids=matcher.needs_ids,
-            chunk=self._score_chunk(matcher, template.shape[0]),
+            chunk=self._score_chunk(matcher),
         )
 
     def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
@@ -341,11 +341,11 @@ class OptimizationAttack:
             }
         return Reconstruction(token_ids=token_ids, info=info)
 
-    def _score_chunk(self, matcher: GradientMatcher, batch_size: int) -> int:
+    def _score_chunk(self, matcher: GradientMatcher) -> int:
         """Candidates per vectorized scoring call, within a fixed memory budget."""
         if self.settings.score_batch is not None:
             return self.settings.score_batch
-        per_candidate = 4 * 3 * matcher.gradient_numel() * batch_size
+        per_candidate = 4 * 3 * matcher.candidate_numel()
         return max(1, min(64, SCORE_MEMORY_BYTES // per_candidate))
 
     def _attack(
@@ -380,7 +380,9 @@ class OptimizationAttack:
                 )
             if loss.item() <= best_loss:  # the reference keeps the best iterate, not the last
                 best_loss, best_free = loss.item(), dummy.free.detach().clone()
-            loss.backward()
+            # Only the dummy embeddings' gradient: backward() would also fill every matched
+            # parameter's .grad (second-order terms included), which nothing reads.
+            (dummy.free.grad,) = torch.autograd.grad(loss, [dummy.free])
             optimizer.step()
             scheduler.step()
             if self._discrete_due(step):

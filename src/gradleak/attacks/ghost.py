@@ -1,0 +1,264 @@
+"""Gradient-matching statistics without materializing the dummy gradient ("ghost" gradients).
+
+For a linear layer ``y = x W^T + b`` the weight gradient of a batch is ``G = D^T X``, with ``X``
+``[n, in]`` the layer's inputs and ``D`` ``[n, out]`` the loss gradient at its outputs. The
+cosine and squared-L2 distances to a received gradient ``T`` need only two numbers per tensor::
+
+    <G, T>  = sum(D * (X T^T))            ||G||^2 = sum((D D^T) * (X X^T))
+
+``n`` is the batch's token count (a dozen for one CoLA sentence) while ``in x out`` reaches a
+million, so the statistics cost a fraction of the gradient and its double backward: no
+``[out, in]`` tensor is written, read or differentiated. The same identity computes per-sample
+gradient norms in DP-SGD ("ghost clipping", Li et al. 2022; opacus' fast gradient clipping); it
+is used here for both the norm and the inner product with the target, which opacus does not
+compute.
+
+It also makes LAMP's discrete rounds cheap: candidates are stacked into one large batch, and one
+forward and backward pass gives every candidate's statistics (``groups``), where per-candidate
+gradients would write ``candidates x parameters`` numbers.
+
+Small tensors (biases, norm weights, position and token-type tables) are materialized per group
+from the same captures; a module this file has no rule for raises :class:`GhostUnsupported`, and
+the caller falls back to ordinary autograd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from gradleak.federated.sharing import TensorSpec
+
+
+class GhostUnsupported(Exception):
+    """A matched tensor whose module has no rule here (the caller uses autograd instead)."""
+
+
+@dataclass
+class Capture:
+    """What one module saw in a forward pass: its input and the output the loss used."""
+
+    input: torch.Tensor
+    output: torch.Tensor
+
+
+Statistics = tuple[torch.Tensor, torch.Tensor]  # (<G, T>, ||G||^2), each [groups]
+
+
+class _Rule:
+    """How one matched tensor's statistics follow from its module's capture."""
+
+    def __init__(self, module: nn.Module, target: torch.Tensor) -> None:
+        self.module = module
+        self.target = target.detach()
+
+    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
+        gradient = self.gradient(capture, grad_out, groups)  # [groups, *target.shape]
+        dims = tuple(range(1, gradient.dim()))
+        return (gradient * self.target).sum(dims), (gradient * gradient).sum(dims)
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _rows(tensor: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[groups * b, ..., f]`` -> ``[groups, rows, f]``: each group's rows (tokens) together."""
+    return tensor.reshape(groups, -1, tensor.shape[-1])
+
+
+class _LinearWeight(_Rule):
+    """``nn.Linear`` (weight ``[out, in]``) or GPT-2's ``Conv1D`` (``[in, out]``), possibly a
+    slice of a fused q/k/v weight along either axis."""
+
+    def __init__(self, module: nn.Module, target: torch.Tensor, spec: TensorSpec) -> None:
+        super().__init__(module, target)
+        transposed = isinstance(module, Conv1D)  # y = x W: rows are inputs
+        full_out, full_in = module.weight.shape[::-1] if transposed else module.weight.shape
+        self.out_slice, self.in_slice = slice(0, full_out), slice(0, full_in)
+        if spec.dim is not None:
+            axis_is_out = (spec.dim == 1) if transposed else (spec.dim == 0)
+            cut = slice(spec.start, spec.stop)
+            if axis_is_out:
+                self.out_slice = cut
+            else:
+                self.in_slice = cut
+        # The target as a map from inputs to outputs, [in, out]: X @ mapping is [n, out].
+        self.mapping = (self.target if transposed else self.target.T).contiguous()
+        self.transposed = transposed
+
+    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
+        x = _rows(capture.input, groups)[..., self.in_slice]
+        d = _rows(grad_out, groups)[..., self.out_slice]
+        tokens, width_in, width_out = x.shape[1], x.shape[2], d.shape[2]
+        if tokens * tokens > width_in * width_out:  # long inputs: the gradient is smaller
+            return super().statistics(capture, grad_out, groups)
+        inner = (d * (x @ self.mapping)).sum((1, 2))
+        norm = ((d @ d.transpose(1, 2)) * (x @ x.transpose(1, 2))).sum((1, 2))
+        return inner, norm
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        x = _rows(capture.input, groups)[..., self.in_slice]
+        d = _rows(grad_out, groups)[..., self.out_slice]
+        return x.transpose(1, 2) @ d if self.transposed else d.transpose(1, 2) @ x
+
+
+class _Bias(_Rule):
+    """A bias: the sum of the output gradients (sliced like a fused weight's outputs)."""
+
+    def __init__(self, module: nn.Module, target: torch.Tensor, spec: TensorSpec) -> None:
+        super().__init__(module, target)
+        self.cut = slice(None) if spec.dim is None else slice(spec.start, spec.stop)
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        return _rows(grad_out, groups)[..., self.cut].sum(1)
+
+
+def _normalized(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A norm layer's output before its elementwise weight (LayerNorm or RMSNorm)."""
+    if isinstance(module, nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if eps is None:  # unreachable for modules _rule_for accepts
+        raise GhostUnsupported(type(module).__name__)
+    x32 = x.to(torch.float32)
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class _NormWeight(_Rule):
+    """The elementwise weight of a LayerNorm / RMSNorm: ``sum(D * x_hat)``."""
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        x_hat = _normalized(self.module, capture.input)
+        return _rows(grad_out * x_hat, groups).sum(1)
+
+
+class _EmbeddingTable(_Rule):
+    """A position or token-type table: each row's gradient sums the outputs that read it.
+
+    Only the rows the batch reads are formed (``[groups, used rows, d]``): the others are zero
+    and add nothing to either statistic."""
+
+    def _used_rows(self, capture: Capture, grad_out: torch.Tensor, groups: int):
+        """The table rows the batch reads and each group's gradient for them."""
+        ids = capture.input.reshape(groups, -1)
+        d = _rows(grad_out, groups)
+        padding = self.module.padding_idx
+        if padding is not None:
+            d = d.masked_fill((ids == padding)[..., None], 0.0)
+        used, index = torch.unique(ids, return_inverse=True)
+        rows = d.new_zeros(groups, len(used), d.shape[-1])
+        return used, rows.scatter_add(1, index[..., None].expand_as(d), d)
+
+    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
+        used, rows = self._used_rows(capture, grad_out, groups)
+        target = self.target[used]
+        return (rows * target).sum((1, 2)), (rows * rows).sum((1, 2))
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.LayerNorm) or (
+        type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+    )
+
+
+def _rule_for(module: nn.Module, attribute: str, target: torch.Tensor, spec: TensorSpec) -> _Rule:
+    if isinstance(module, nn.Linear | Conv1D):
+        if attribute == "weight":
+            return _LinearWeight(module, target, spec)
+        if attribute == "bias":
+            return _Bias(module, target, spec)
+    if _is_norm(module) and spec.dim is None:
+        if attribute == "weight":
+            return _NormWeight(module, target)
+        if attribute == "bias":
+            return _Bias(module, target, spec)
+    if isinstance(module, nn.Embedding) and attribute == "weight" and spec.dim is None:
+        return _EmbeddingTable(module, target)
+    raise GhostUnsupported(f"{type(module).__name__}.{attribute}")
+
+
+class GhostStatistics:
+    """Per-group ``<G, T>`` and ``||G||^2`` of every matched tensor, from one forward and one
+    backward pass through the modules that own them.
+
+    ``specs`` and ``targets`` are the matched tensors and the received (pseudo-)gradients, in
+    the order the distance expects; parameter names are those of ``model``.
+    """
+
+    def __init__(
+        self, model: nn.Module, specs: list[TensorSpec], targets: list[torch.Tensor]
+    ) -> None:
+        self.rules: list[_Rule] = []
+        for spec, target in zip(specs, targets, strict=True):
+            owner, _, attribute = spec.param.rpartition(".")
+            self.rules.append(_rule_for(model.get_submodule(owner), attribute, target, spec))
+        self.modules = list({id(r.module): r.module for r in self.rules}.values())
+        self.target_norms = torch.stack([t.detach().pow(2).sum() for t in targets])
+
+    def statistics(
+        self,
+        loss_of: Callable[[], torch.Tensor],
+        rows: int,
+        groups: int = 1,
+        create_graph: bool = True,
+    ) -> Statistics:
+        """``(inner, norm)``, each ``[groups, tensors]``, for the batch ``loss_of`` runs.
+
+        ``loss_of`` runs the model on ``rows`` batch rows made of ``groups`` equal-size groups
+        (LAMP's candidates, stacked) and returns the mean loss over all rows; the statistics of
+        each group are those of the gradient of its own mean loss.
+        """
+        with self._capturing(rows) as captures:
+            loss = loss_of()
+        for module in self.modules:  # not run, or run twice: the capture would be ambiguous
+            if len(captures[id(module)]) != 1:
+                runs = len(captures[id(module)])
+                raise GhostUnsupported(f"{type(module).__name__} ran {runs} times")
+        outputs = [captures[id(m)][0].output for m in self.modules]
+        # Each group's loss is the mean over its own rows: the stacked mean times ``groups``.
+        grads = torch.autograd.grad(
+            loss * groups, outputs, create_graph=create_graph, allow_unused=True
+        )
+        grad_of = {
+            id(m): torch.zeros_like(o) if g is None else g
+            for m, o, g in zip(self.modules, outputs, grads, strict=True)
+        }
+        inner, norm = [], []
+        for rule in self.rules:
+            capture = captures[id(rule.module)][0]
+            a, b = rule.statistics(capture, grad_of[id(rule.module)], groups)
+            inner.append(a)
+            norm.append(b)
+        return torch.stack(inner, dim=1), torch.stack(norm, dim=1)
+
+    @contextmanager
+    def _capturing(self, rows: int) -> Iterator[dict[int, list[Capture]]]:
+        """Forward hooks that record each module's input and output.
+
+        A table read with one row of ids for the whole batch (position ids ``[1, L]``) has
+        its output broadcast over the batch; the hook expands it to ``rows`` so each row's
+        share of the gradient stays apart (the values are unchanged)."""
+        captures: dict[int, list[Capture]] = {id(m): [] for m in self.modules}
+
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor):
+            x = args[0]
+            if isinstance(module, nn.Embedding) and x.shape[0] == 1 and rows > 1:
+                x = x.expand(rows, *x.shape[1:])
+                output = output.expand(rows, *output.shape[1:])
+                captures[id(module)].append(Capture(x, output))
+                return output
+            captures[id(module)].append(Capture(x, output))
+            return None
+
+        handles = [m.register_forward_hook(hook) for m in self.modules]
+        try:
+            yield captures
+        finally:
+            for handle in handles:
+                handle.remove()

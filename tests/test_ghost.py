@@ -1,0 +1,95 @@
+"""Ghost statistics: the cosine objective without materialized dummy gradients is the same
+objective, with the same gradient, for every family, task, LoRA and partial sharing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import encode
+
+from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
+from gradleak.attacks.objective import DISTANCES, GradientMatcher, cos_distance
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+from gradleak.federated.sharing import TensorSpec
+from gradleak.models.tasks import unwrap
+
+
+def matcher_for(victim, protocol, distance=cos_distance, **options):
+    batch = encode(victim)
+    gm = GlobalModel.build(victim, protocol)
+    update = compute_update(gm, batch, seed=0)
+    return batch, GradientMatcher(update, server_knowledge(gm, batch), distance, **options)
+
+
+CASES = [
+    ("tiny-bert", "classification", Protocol(mode="eval")),
+    ("tiny-gpt2", "classification", Protocol(mode="eval")),
+    ("tiny-llama", "classification", Protocol(mode="eval")),
+    ("tiny-gpt2", "causal_lm", Protocol(mode="eval")),
+    ("tiny-llama", "causal_lm", Protocol(mode="eval")),
+    ("tiny-gpt2", "classification", Protocol(mode="eval", share="1.k,*.f")),  # fused slice
+    ("tiny-bert", "classification", Protocol(mode="eval", lora={"rank": 4})),
+    ("tiny-gpt2", "classification", Protocol(mode="eval", lora={"rank": 4})),
+]
+
+
+@pytest.mark.parametrize(("name", "task", "protocol"), CASES)
+def test_ghost_loss_and_its_gradient_equal_autograd(tiny_victim, name, task, protocol):
+    victim = tiny_victim(name, task)
+    batch, matcher = matcher_for(victim, protocol)
+    assert matcher.ghost is not None
+    hidden = victim.adapter.token_embedding(unwrap(matcher.model)).weight.shape[1]
+    torch.manual_seed(1)
+    embeds = torch.randn(*batch.input_ids.shape, hidden, requires_grad=True)
+    ids = batch.input_ids if task == "causal_lm" else None
+    ghost_loss = matcher.loss(embeds, ids)
+    (ghost_grad,) = torch.autograd.grad(ghost_loss, [embeds])
+    plain_loss = cos_distance(matcher.dummy_gradients(embeds, ids), matcher.targets)
+    (plain_grad,) = torch.autograd.grad(plain_loss, [embeds])
+    assert ghost_loss.item() == pytest.approx(plain_loss.item(), rel=1e-5, abs=1e-6)
+    assert torch.allclose(ghost_grad, plain_grad, rtol=1e-3, atol=1e-5 * plain_grad.abs().max())
+
+
+@pytest.mark.parametrize(
+    ("name", "task"), [("tiny-bert", "classification"), ("tiny-llama", "causal_lm")]
+)
+def test_stacked_candidates_keep_their_own_statistics(tiny_victim, name, task):
+    """Candidates stacked into one batch score as if each ran alone (and in any grouping)."""
+    victim = tiny_victim(name, task)
+    batch, matcher = matcher_for(victim, Protocol(mode="eval"))
+    hidden = victim.adapter.token_embedding(unwrap(matcher.model)).weight.shape[1]
+    candidates = torch.randn(5, *batch.input_ids.shape, hidden)
+    ids = batch.input_ids.expand(5, -1, -1) if task == "causal_lm" else None
+    stacked = matcher.batched_loss(candidates, ids, chunk=3)
+    alone = matcher.batched_loss(candidates, ids, chunk=0)  # materialized, one by one
+    assert torch.allclose(stacked, alone, rtol=1e-4, atol=1e-6)
+    assert len(set(alone.tolist())) == 5  # the candidates differ, so the test can fail
+
+
+def test_ghost_applies_only_where_it_is_exact(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    assert matcher_for(victim, Protocol(mode="eval"))[1].ghost is not None
+    # TAG's L1 term and squared L2 near the truth need the materialized gradient
+    assert matcher_for(victim, Protocol(mode="eval"), DISTANCES["tag"])[1].ghost is None
+    assert matcher_for(victim, Protocol(mode="eval"), DISTANCES["l2"])[1].ghost is None
+    fedavg = Protocol(mode="eval", algorithm="fedavg", epochs=1, lr=1e-3)
+    assert matcher_for(victim, fedavg, fedavg_match="simulate")[1].ghost is None
+    assert matcher_for(victim, fedavg)[1].ghost is not None  # the pseudo-gradient is plain
+
+
+def test_a_module_without_a_rule_is_refused():
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 2, 1))
+    spec = TensorSpec(key="0.weight", param="0.weight")
+    with pytest.raises(GhostUnsupported):
+        GhostStatistics(model, [spec], [torch.zeros(2, 2, 1)])
+
+
+def test_a_module_run_twice_is_refused():
+    layer = torch.nn.Linear(3, 3)
+    model = torch.nn.Sequential(layer)
+    ghost = GhostStatistics(model, [TensorSpec(key="0.weight", param="0.weight")], [layer.weight])
+    x = torch.randn(2, 3)
+    with pytest.raises(GhostUnsupported, match="ran 2 times"):
+        ghost.statistics(lambda: layer(layer(x)).sum(), rows=2)
