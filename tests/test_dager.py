@@ -8,6 +8,7 @@ from conftest import encode
 
 from gradleak.attacks import AttackFailed, make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
+from gradleak.attacks.dager.span import rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
@@ -194,3 +195,22 @@ def test_encoder_beam_recovers_sentences_that_share_words(tiny_victim):
     decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples, settings)
     assert decoded == sorted(e.text for e in examples)
     assert result.info["capped"]  # 96 combinations: the beam of 8 dropped some on the way
+
+
+def test_weight_delta_rank_stops_at_the_float32_rounding_floor():
+    """A small-lr delta: a rank-6 change near the weights' float32 spacing plus the rounding
+    of the stored new weights. No decade-wide drop exists, so the gap rule sees a full
+    spectrum; whitening by the rounding noise of the global weights finds the six directions.
+    A larger change keeps its clear drop and the exact span, as a gradient would."""
+    torch.manual_seed(0)
+    weight = 0.05 * torch.randn(96, 64)
+    direction = torch.randn(96, 6) @ torch.randn(6, 64)
+    noise = rounding_noise(weight, steps=1)
+    assert 1e-10 < noise < 1e-8  # float32 spacing near 0.05 is about 4e-9
+    small = ((weight + 3e-9 * direction) - weight).double()
+    assert span_basis([small], 64, rank_tol=None).full
+    floored = span_basis([small], 64, rank_tol=None, noise=[noise])
+    assert floored.rank == 6 and floored.noise_floor is not None
+    large = ((weight + 1e-6 * direction) - weight).double()
+    exact = span_basis([large], 64, rank_tol=None, noise=[noise])
+    assert exact.rank == 6 and exact.noise_floor is None

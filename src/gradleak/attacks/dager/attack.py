@@ -26,7 +26,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from gradleak.attacks.base import AttackFailed, Reconstruction
-from gradleak.attacks.dager.span import SpanBasis, gap_threshold, span_basis
+from gradleak.attacks.dager.span import SpanBasis, gap_threshold, rounding_noise, span_basis
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
@@ -66,6 +66,15 @@ class DagerSettings(BaseModel):
 
 
 @dataclass
+class Block:
+    """One projection's update, oriented ``[rows, input_dim]``, and the global weight it
+    changes (whose float32 spacing sets the rounding noise of a weight delta)."""
+
+    tensor: torch.Tensor
+    weight: torch.Tensor
+
+
+@dataclass
 class SpanCheck:
     """One span and how candidate inputs map into its space (LoRA B-gradients: ``x -> A x``)."""
 
@@ -97,6 +106,12 @@ class LayerCheck:
 
     def distance(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.stack([c.distance(inputs) for c in self.checks]).amin(dim=0)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether a span was cut at a known noise floor (a weight delta's rounding): true
+        inputs then lie only near it, and no clear gap separates them."""
+        return any(c.span.noise_floor is not None for c in self.checks)
 
     @property
     def plain(self) -> list[SpanCheck]:
@@ -182,7 +197,7 @@ class DagerAttack:
     # --- the update's projections ---------------------------------------------------------
     def _projection_gradients(
         self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int
-    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    ) -> tuple[list[Block], list[tuple[Block, torch.Tensor]]]:
         """Gradients of layer ``layer``'s chosen projections, oriented ``[rows, input_dim]``.
 
         Returns the blocks in the layer's input space and, for LoRA B-gradients, pairs of
@@ -191,11 +206,18 @@ class DagerAttack:
         gm = knowledge.global_model
         hf = unwrap(gm.model)
         names = {id(p): n for n, p in gm.model.named_parameters()}
+        global_weights = {n: p for n, p in gm.model.named_parameters()}
+
+        def blocks_of(weight: torch.Tensor, role: str) -> list[Block]:
+            name = names[id(weight)]
+            found = self._tensors_for(update, keys_by_param, name, role)
+            return [Block(t, global_weights[name]) for t in found]
+
         keys_by_param: dict[str, list] = {}
         for spec in gm.specs:
             keys_by_param.setdefault(spec.param, []).append(spec)
-        blocks: list[torch.Tensor] = []
-        adapter_blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        blocks: list[Block] = []
+        adapter_blocks: list[tuple[Block, torch.Tensor]] = []
         for role in self.settings.projections:
             module = gm.adapter.role_module(hf, layer, role).module
             lora_a = getattr(module, "lora_A", None)
@@ -203,17 +225,17 @@ class DagerAttack:
                 adapter_name = next(iter(lora_a.keys()))
                 a_weight = lora_a[adapter_name].weight
                 b_weight = module.lora_B[adapter_name].weight
-                a_blocks = self._tensors_for(update, keys_by_param, names[id(a_weight)], role)
-                b_blocks = self._tensors_for(update, keys_by_param, names[id(b_weight)], role)
-                if any(b.abs().max() > 0 for b in a_blocks):  # A moved: input space directly
+                a_blocks = blocks_of(a_weight, role)
+                b_blocks = blocks_of(b_weight, role)
+                if any(b.tensor.abs().max() > 0 for b in a_blocks):  # A moved: input space
                     blocks += a_blocks
                 else:  # B's gradient [out, r]: rows are combinations of A x
                     a_matrix = a_weight.detach().to(torch.float64)
                     adapter_blocks += [(b, a_matrix) for b in b_blocks]
                 continue
-            found = self._tensors_for(update, keys_by_param, names[id(module.weight)], role)
+            found = blocks_of(module.weight, role)
             if isinstance(module, Conv1D):  # GPT-2 stores [in, out]
-                found = [t.T for t in found]
+                found = [Block(b.tensor.T, b.weight) for b in found]
             blocks += found
         return blocks, adapter_blocks
 
@@ -231,13 +253,24 @@ class DagerAttack:
         self, update: ClientUpdate, knowledge: ServerKnowledge, layer: int
     ) -> LayerCheck | None:
         blocks, adapter_blocks = self._projection_gradients(update, knowledge, layer)
-        tol = self.settings.rank_tol
         checks = []
         if blocks:
-            checks.append(SpanCheck(span_basis(blocks, blocks[0].shape[-1], tol)))
+            checks.append(SpanCheck(self._span(update, blocks)))
         for block, a_matrix in adapter_blocks:
-            checks.append(SpanCheck(span_basis([block], block.shape[-1], tol), a_matrix))
+            checks.append(SpanCheck(self._span(update, [block]), a_matrix))
         return LayerCheck(checks) if checks else None
+
+    def _span(self, update: ClientUpdate, blocks: list[Block]) -> SpanBasis:
+        """The blocks' joint span. A weight delta carries the float32 rounding of every local
+        step, which the server can size from the global weights it holds: the rank then
+        counts the directions above that noise (a gradient keeps the cut at the largest drop).
+        """
+        tensors = [b.tensor for b in blocks]
+        noise = None
+        if update.kind == "weight_delta":
+            steps = int(update.metadata.get("local_steps", 1))
+            noise = [rounding_noise(b.weight, steps) for b in blocks]
+        return span_basis(tensors, tensors[0].shape[-1], self.settings.rank_tol, noise)
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
         self._checked_spans(update, knowledge)
@@ -353,6 +386,8 @@ class DagerAttack:
         distances = layer1.distance(inputs)
         if dropout == 0.0:
             cut = self._threshold(distances, self.settings.l1_threshold, layer1.rank)
+            if layer1.noisy and self.settings.l1_threshold is None:
+                cut = max(cut, _count_cut(distances, layer1.rank))
             return torch.nonzero(distances < cut).flatten().tolist()
         count = min(self.settings.shortlist, distances.numel())
         shortlist = torch.topk(distances, count, largest=False).indices
@@ -427,6 +462,10 @@ class DagerAttack:
                 cut = math.inf
             else:
                 cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
+                if layer2.noisy and self.settings.l2_threshold is None:
+                    # A partial span leaves true prefixes near it, not in it: keep as many
+                    # of the nearest as the batch has sentences.
+                    cut = max(cut, _count_cut(distances, knowledge.batch_size))
             accepted = torch.nonzero(distances < cut).flatten().tolist()
             if len(accepted) > self.settings.max_beam:
                 state.capped = True
@@ -672,6 +711,15 @@ def _last_position_distance(
         same = change <= 1e-6 * torch.linalg.vector_norm(last, dim=-1)
         distance = distance.masked_fill(same, float("inf"))
     return distance
+
+
+def _count_cut(distances: torch.Tensor, count: int) -> float:
+    """A cut that accepts the ``count`` nearest candidates: a span of rank r holds r distinct
+    inputs, so when only a ranking is left the r best-ranked are the batch's best guess."""
+    values = torch.sort(distances.flatten()).values
+    if values.numel() == 0 or count < 1:
+        return 0.0
+    return float(values[min(count, values.numel()) - 1]) * (1 + 1e-9)
 
 
 def _log_mean(distances: torch.Tensor) -> torch.Tensor:

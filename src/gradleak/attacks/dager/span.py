@@ -17,6 +17,9 @@ import torch
 
 # Relative singular values below this are float32 round-off of a clean gradient.
 DEFAULT_RANK_TOL = 1e-6
+# White noise of standard deviation 1 in an m x n matrix has singular values up to about
+# sqrt(m) + sqrt(n) (the Marchenko-Pastur edge); the margin keeps directions clearly above it.
+NOISE_MARGIN = 1.5
 
 
 @dataclass
@@ -26,6 +29,7 @@ class SpanBasis:
     basis: torch.Tensor
     singular_values: torch.Tensor
     hidden_size: int
+    noise_floor: float | None = None  # the rank's cut when it came from a known noise level
 
     @property
     def rank(self) -> int:
@@ -93,17 +97,23 @@ def _lad_inliers(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: flo
     return (residual < tol).to(torch.float64).mean(dim=-1)
 
 
-def estimate_rank(singular_values: torch.Tensor, rank_tol: float | None) -> int:
+def estimate_rank(
+    singular_values: torch.Tensor, rank_tol: float | None, floor: float | None = None
+) -> int:
     """Numerical rank: singular values above ``rank_tol`` times the largest.
 
     With ``rank_tol=None`` the rank is placed at the largest drop (in log scale) of the
     spectrum, which adapts to noise added to the update (a DP-style defense raises the floor).
+    With a known noise ``floor`` (the largest singular value the noise alone would reach), the
+    rank is the count above it: a drop need not exist when the signal fades into the noise.
     """
     s = singular_values[singular_values > 0]
     if s.numel() == 0:
         return 0
     if rank_tol is not None:
         return int((s > rank_tol * s[0]).sum())
+    if floor is not None:
+        return int((s > floor).sum())
     logs = torch.log10(s)
     if logs.numel() < 2:
         return int(s.numel())
@@ -113,20 +123,51 @@ def estimate_rank(singular_values: torch.Tensor, rank_tol: float | None) -> int:
     return cut + 1 if drops[cut] > 1.0 else int(s.numel())
 
 
+def rounding_noise(weight: torch.Tensor, steps: int) -> float:
+    """Standard deviation of the float32 rounding error in a weight delta ``W_new - W_old``.
+
+    Each local step stores the updated weights rounded to float32: an error about uniform in
+    +-ulp/2 of each entry (variance ulp^2 / 12), independent across entries and steps. With a
+    small learning rate the update is near that spacing (about 4e-9 for weights near 0.05),
+    so the error is a large share of the delta and fills its spectrum.
+    """
+    w = weight.detach().to(torch.float32)
+    ulp = (torch.nextafter(w, torch.full_like(w, math.inf)) - w).to(torch.float64)
+    return math.sqrt(steps * float((ulp**2).mean()) / 12)
+
+
 def span_basis(
-    gradients: list[torch.Tensor], hidden_size: int, rank_tol: float | None = DEFAULT_RANK_TOL
+    gradients: list[torch.Tensor],
+    hidden_size: int,
+    rank_tol: float | None = DEFAULT_RANK_TOL,
+    noise: list[float] | None = None,
 ) -> SpanBasis:
     """Basis of the joint row span of gradients oriented ``[rows, hidden_size]``.
 
     Stacking the q, k and v gradients of one layer is allowed (they read the same input); it
     also covers the first position of a causal model, whose query gets no gradient.
+
+    ``noise`` (one standard deviation per block, e.g. ``rounding_noise`` of a weight delta)
+    whitens the blocks instead: each is divided by its noise, so every block weighs in by its
+    signal-to-noise ratio, and the rank counts the singular values clearly above what white
+    noise alone reaches, about ``sqrt(rows) + sqrt(hidden_size)``.
     """
-    # Scale each block to unit norm so one projection's magnitude does not hide another's.
     blocks = [g.to(torch.float64).reshape(-1, hidden_size) for g in gradients]
-    stacked = torch.cat([b / b.norm().clamp_min(1e-300) for b in blocks])
+    floor = None
+    if noise is None:
+        # Scale each block to unit norm so one projection's magnitude does not hide another's.
+        stacked = torch.cat([b / b.norm().clamp_min(1e-300) for b in blocks])
+    else:
+        stacked = torch.cat([b / max(n, 1e-300) for b, n in zip(blocks, noise, strict=True)])
+        floor = NOISE_MARGIN * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
     _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
-    rank = estimate_rank(s, rank_tol)
-    return SpanBasis(basis=vh[:rank].T.contiguous(), singular_values=s, hidden_size=hidden_size)
+    rank = estimate_rank(s, rank_tol, None)
+    if floor is not None and rank_tol is None:
+        if 0 < rank < s.numel() and s[rank - 1] > floor:
+            floor = None  # a clear drop above the noise: the span is exact, as for a gradient
+        else:
+            rank = estimate_rank(s, None, floor)
+    return SpanBasis(vh[:rank].T.contiguous(), s, hidden_size, noise_floor=floor)
 
 
 def gap_threshold(distances: torch.Tensor, fallback: float, max_accept: int) -> float:
