@@ -8,6 +8,9 @@ Suites:
   lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.
   lamp_dropout   LAMP_cos on CoLA: EVAL, TRAIN, TRAIN_EVAL at dropout 0, 0.1, 0.3.
+  lamp_partial   LAMP_cos on CoLA from partial updates: all layers, layer 3, its q/k/v/o/f/p.
+  lamp_fedavg    LAMP_cos on CoLA: FedSGD vs FedAvg deltas (E, b), full and LoRA, pseudo-
+                 gradient vs simulated-round matching.
   dager_decoder  DAGER on SmolLM2 (train mode; it has no dropout), CoLA / SST-2 / Rotten
                  Tomatoes, B = 1, 2, 4, 8, 16, 32, sequence classification and next token.
   dager_encoder  DAGER on MiniLM, eval-mode client, the three datasets, B = 1, 2, 4, 8.

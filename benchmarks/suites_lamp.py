@@ -77,9 +77,51 @@ def lamp_dropout(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
+def lamp_partial(batches: int, data_dir: str | None) -> list[Cell]:
+    """Li, Xu & Dras Table 3: the client shares all layers, one middle layer, or one module of
+    that layer; LAMP_cos matches what is shared, each tensor normalized (their eq. 1-4)."""
+    shares = {"all": "all", "L3": "3.qkvofp", **{f"L3-{m}": f"3.{m}" for m in "qkvofp"}}
+    cells = [
+        (
+            f"lamp-cos-cola-share-{name}",
+            _minilm(
+                "cola", 1, batches, data_dir, "lamp-cos",
+                protocol={"share": share}, attack_settings={"normalize": "tensor"},
+            ),
+        )
+        for name, share in shares.items()
+    ]  # fmt: skip
+    return cells
+
+
+def lamp_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
+    """Wang & Li Table IV: a FedSGD gradient vs FedAvg weight deltas (2 samples per client,
+    E local epochs of batch b, SGD lr 5e-5), matched as a pseudo-gradient or by simulating
+    the round (eq. 12-14), with full fine-tuning and with LoRA (r 32, alpha 64)."""
+    rounds = {"E1-b1": (1, 1), "E2-b1": (2, 1), "E1-b2": (1, 2)}
+    cells = [("lamp-cos-cola-fedsgd", _minilm("cola", 2, batches, data_dir, "lamp-cos"))]
+    for name, (epochs, local_batch) in rounds.items():
+        fedavg = {"algorithm": "fedavg", "epochs": epochs, "local_batch_size": local_batch}
+        for tuning, extra in (("full", {}), ("lora", {"lora": {"rank": 32, "alpha": 64}})):
+            for match in ("pseudo", "simulate"):
+                cells.append(
+                    (
+                        f"lamp-cos-cola-{name}-{tuning}-{match}",
+                        _minilm(
+                            "cola", 2, batches, data_dir, "lamp-cos",
+                            protocol={**fedavg, **extra},
+                            attack_settings={"fedavg_match": match},
+                        ),
+                    )
+                )  # fmt: skip
+    return cells
+
+
 SUITES = {
     "lamp_main": lamp_main,
     "lamp_batch": lamp_batch,
     "lamp_ablation": lamp_ablation,
     "lamp_dropout": lamp_dropout,
+    "lamp_partial": lamp_partial,
+    "lamp_fedavg": lamp_fedavg,
 }
