@@ -211,6 +211,9 @@ def attack(
     max_combinations: Annotated[
         int | None, typer.Option(help="DAGER: encoder sentences tried per length")
     ] = None,
+    encoder_beam: Annotated[
+        int | None, typer.Option(help="DAGER: encoder partial sentences kept per position")
+    ] = None,
     dropout_check: Annotated[
         str | None,
         typer.Option(help="DAGER: auto | robust (L1 fit, survives dropout) | plain span check"),
@@ -274,6 +277,7 @@ def attack(
                 "l2_threshold": l2_threshold,
                 "max_beam": max_beam,
                 "max_combinations": max_combinations,
+                "encoder_beam": encoder_beam,
                 "max_sequences": max_sequences,
                 "dropout_check": dropout_check,
             },

@@ -38,6 +38,7 @@ class AttackSettings(BaseModel):
     l2_threshold: float | None = Field(None, gt=0)
     max_beam: int | None = Field(None, ge=1)
     max_combinations: int | None = Field(None, ge=1)
+    encoder_beam: int | None = Field(None, ge=1)
     max_sequences: int | None = Field(None, ge=1)
     dropout_check: str | None = Field(None, pattern="^(auto|robust|plain)$")
 
