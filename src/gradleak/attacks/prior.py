@@ -5,10 +5,19 @@ cross-entropy of an auxiliary causal LM on the candidate's tokens. The paper's L
 trained with BERT's vocabulary, so it read the victim's token ids directly. Any causal LM works
 here: with the victim's vocabulary it reads the ids as they are; otherwise the ids are decoded
 with the victim's tokenizer and the text is re-tokenized with the prior's.
+
+A discrete round scores hundreds of reorderings of one sentence, and reorderings share
+prefixes (at least BOS, often several tokens). The prior therefore reads them as a prefix tree:
+every distinct prefix is one token of a single flattened sequence that attends only to its
+ancestors (a 4D attention mask, positions set to the depth), so a shared prefix is computed
+once, and the vocabulary projection runs only where a next token is scored.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -20,6 +29,8 @@ from gradleak.errors import GradleakError
 from gradleak.models.registry import load_victim
 
 NO_PRIOR = "none"
+
+Row = tuple[int, ...]
 
 
 class LanguagePrior(Protocol):
@@ -35,8 +46,75 @@ class LanguagePrior(Protocol):
         """
 
 
+@dataclass
+class PrefixTree:
+    """Distinct prefixes of lexicographically sorted rows, as nodes in depth-first order.
+
+    Node ``i`` holds one token at position ``depths[i]``; its parent is the node of the prefix
+    one token shorter (-1 for a root), and it may attend to exactly its ancestors and itself.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    ends: dict[Row, int] = field(default_factory=dict)  # row -> the node of its last token
+    _path: list[int] = field(default_factory=list)  # nodes of the last row added
+    _last: Row = ()
+
+    def new_nodes(self, row: Row) -> int:
+        """How many nodes adding ``row`` creates (rows come in sorted order)."""
+        return len(row) - _common_prefix(row, self._last)
+
+    def add(self, row: Row) -> None:
+        shared = _common_prefix(row, self._last)
+        del self._path[shared:]
+        for depth in range(shared, len(row)):
+            self.parents.append(self._path[-1] if self._path else -1)
+            self._path.append(len(self.tokens))
+            self.tokens.append(row[depth])
+            self.depths.append(depth)
+        self.ends[row] = self._path[-1]
+        self._last = row
+
+    def allowed(self) -> torch.Tensor:
+        """``[n, n]`` bool: node i may attend to node j (j is i or an ancestor of i)."""
+        n = len(self.tokens)
+        allowed = torch.zeros((n, n), dtype=torch.bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:  # parents precede their children: its row is complete
+                allowed[i] = allowed[parent]
+            allowed[i, i] = True
+        return allowed
+
+
+def _common_prefix(a: Row, b: Row) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_trees(rows: list[Row], max_nodes: int) -> Iterator[PrefixTree]:
+    """Split sorted ``rows`` into prefix trees of at most ``max_nodes`` nodes each (a row longer
+    than that gets a tree of its own): the attention mask grows with the square of the nodes."""
+    tree = PrefixTree()
+    for row in rows:
+        if tree.ends and len(tree.tokens) + tree.new_nodes(row) > max_nodes:
+            yield tree
+            tree = PrefixTree()
+        tree.add(row)
+    if tree.ends:
+        yield tree
+
+
 class CausalLMPrior:
-    """A causal LM as a prior; scores many candidates in a few padded forward passes."""
+    """A causal LM as a prior; scores many candidates in a few forward passes.
+
+    Scores are remembered (up to ``memo`` texts): LAMP's rounds propose many of the same
+    reorderings again, and the prior model is frozen.
+    """
 
     def __init__(
         self,
@@ -45,12 +123,18 @@ class CausalLMPrior:
         tokenizer: PreTrainedTokenizerBase,
         victim_tokenizer: PreTrainedTokenizerBase,
         chunk: int = 32,
+        tree_nodes: int = 256,
+        memo: int = 50_000,
     ) -> None:
         self.name = name
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.victim_tokenizer = victim_tokenizer
         self.chunk = chunk
+        self.tree_nodes = tree_nodes
+        self.memo = memo
+        self._scores: dict[Row, tuple[float, int]] = {}
+        self._tree_ok: bool | None = None  # whether the model honours tree masks; probed once
         # Same vocabulary: the victim's ids are the prior's ids (LAMP's own setting).
         self.same_vocab = tokenizer.get_vocab() == victim_tokenizer.get_vocab()
         bos = tokenizer.bos_token_id
@@ -72,18 +156,90 @@ class CausalLMPrior:
     @torch.no_grad()
     def sentence_nll(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = [tuple(self.prior_ids(ids)) for ids in sequences]
-        unique = sorted(set(inputs), key=len)  # similar lengths share a chunk: less padding
-        scores: dict[tuple[int, ...], tuple[float, int]] = {}
-        for start in range(0, len(unique), self.chunk):
-            part = unique[start : start + self.chunk]
-            sums, counts = self._score(part)
-            for key, total, count in zip(part, sums.tolist(), counts.tolist(), strict=True):
-                scores[key] = (total, count)
-        sums = torch.tensor([scores[key][0] for key in inputs], dtype=torch.float64)
-        counts = torch.tensor([scores[key][1] for key in inputs], dtype=torch.float64)
+        todo = sorted({key for key in inputs if key not in self._scores})
+        fresh = {key: (0.0, 0) for key in todo if len(key) < 2}  # nothing to predict
+        todo = [key for key in todo if len(key) >= 2]
+        if todo:
+            fresh |= self._score_trees(todo) if self._trees_work() else self._score_padded(todo)
+        found = {key: self._scores.get(key) or fresh[key] for key in inputs}
+        self._remember(fresh)
+        sums = torch.tensor([found[key][0] for key in inputs], dtype=torch.float64)
+        counts = torch.tensor([found[key][1] for key in inputs], dtype=torch.float64)
         return sums, counts
 
-    def _score(self, rows: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _remember(self, fresh: dict[Row, tuple[float, int]]) -> None:
+        if len(fresh) > self.memo:
+            return
+        for key in list(self._scores)[: max(0, len(self._scores) + len(fresh) - self.memo)]:
+            del self._scores[key]  # the oldest first
+        self._scores.update(fresh)
+
+    def _trees_work(self) -> bool:
+        """Whether the model honours a custom 4D mask and positions: compared once, on a small
+        tree, with the plain padded computation (an architecture that rebuilds its own mask or
+        derives positions from it fails here and is scored padded)."""
+        if self._tree_ok is None:
+            first = self.bos if self.bos is not None else 0
+            probe = sorted([(first, 1, 2, 3), (first, 1, 5), (first, 4, 5)])
+            try:
+                tree = self._score_trees(probe)
+                plain = self._score_padded(probe)
+                self._tree_ok = all(
+                    abs(tree[key][0] - plain[key][0]) <= 1e-5 + 1e-4 * abs(plain[key][0])
+                    and tree[key][1] == plain[key][1]
+                    for key in probe
+                )
+            except Exception:  # noqa: BLE001 - any failure means: use the plain path
+                self._tree_ok = False
+        return self._tree_ok
+
+    def _score_trees(self, rows: list[Row]) -> dict[Row, tuple[float, int]]:
+        scores: dict[Row, tuple[float, int]] = {}
+        for tree in prefix_trees(rows, self.tree_nodes):
+            scores |= self._score_tree(tree)
+        return scores
+
+    def _score_tree(self, tree: PrefixTree) -> dict[Row, tuple[float, int]]:
+        parameter = next(self.model.parameters())
+        device, dtype = parameter.device, parameter.dtype
+        allowed = tree.allowed()
+        blocked = torch.finfo(dtype).min  # additive: works for eager and SDPA attention
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, blocked)
+        parents = torch.tensor(tree.parents)
+        scored = (parents >= 0).nonzero().flatten()  # every non-root node is a scored token
+        keep, slot = parents[scored].unique(return_inverse=True)  # nodes whose logits we need
+        kwargs = {}
+        if _accepts(self.model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = keep.to(device)
+        logits = self.model(
+            input_ids=torch.tensor([tree.tokens], device=device),
+            attention_mask=mask[None, None].to(device),
+            position_ids=torch.tensor([tree.depths], device=device),
+            **kwargs,
+        ).logits[0]
+        if not kwargs:
+            logits = logits[keep.to(device)]
+        logits = logits.float()
+        targets = torch.tensor(tree.tokens, device=device)[scored.to(device)]
+        token_nll = logits.logsumexp(-1)[slot.to(device)] - logits[slot.to(device), targets]
+        # a node's sum is its parent's plus its own token's (parents come first)
+        total = [0.0] * len(tree.tokens)
+        for node, nll in zip(scored.tolist(), token_nll.double().tolist(), strict=True):
+            total[node] = total[tree.parents[node]] + nll
+        return {row: (total[end], tree.depths[end]) for row, end in tree.ends.items()}
+
+    def _score_padded(self, rows: list[Row]) -> dict[Row, tuple[float, int]]:
+        """Plain scoring: padded batches of whole rows, similar lengths together."""
+        rows = sorted(rows, key=len)
+        scores: dict[Row, tuple[float, int]] = {}
+        for start in range(0, len(rows), self.chunk):
+            part = rows[start : start + self.chunk]
+            sums, counts = self._score(part)
+            for key, total, count in zip(part, sums.tolist(), counts.tolist(), strict=True):
+                scores[key] = (total, int(count))
+        return scores
+
+    def _score(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)
         if width < 2:  # nothing to predict
             return torch.zeros(len(rows)), torch.zeros(len(rows))
@@ -98,6 +254,13 @@ class CausalLMPrior:
         token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         token_nll = token_nll.masked_fill(~valid, 0.0)
         return token_nll.sum(dim=1).double(), valid.sum(dim=1).double()
+
+
+def _accepts(model: nn.Module, argument: str) -> bool:
+    try:
+        return argument in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def load_prior_model(name: str) -> tuple[nn.Module, PreTrainedTokenizerBase]:
