@@ -143,3 +143,26 @@ def test_prefix_trees_hold_each_distinct_prefix_once():
     small = list(prefix_trees(rows, max_nodes=3))
     assert all(len(t.tokens) <= 4 for t in small)  # a 4-token row gets a tree of its own
     assert sorted(row for t in small for row in t.ends) == rows
+
+
+class _NoLogitSelection(nn.Module):
+    """A causal LM whose forward cannot restrict its logits to chosen positions."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )
+
+
+def test_trees_work_without_logit_selection(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    lm = tiny_victim("tiny-llama", "causal_lm")
+    model = _NoLogitSelection(lm.model)
+    prior = CausalLMPrior("plain", model, lm.tokenizer, victim.tokenizer, tree_nodes=16)
+    _check(prior, lm.model, _sequences(victim.tokenizer))
+    assert prior._tree_ok

@@ -208,20 +208,17 @@ class CausalLMPrior:
         parents = torch.tensor(tree.parents)
         scored = (parents >= 0).nonzero().flatten()  # every non-root node is a scored token
         keep, slot = parents[scored].unique(return_inverse=True)  # nodes whose logits we need
-        kwargs = {}
-        if _accepts(self.model, "logits_to_keep"):
-            kwargs["logits_to_keep"] = keep.to(device)
+        keep, slot = keep.to(device), slot.to(device)
+        kwargs = {"logits_to_keep": keep} if _accepts(self.model, "logits_to_keep") else {}
         logits = self.model(
             input_ids=torch.tensor([tree.tokens], device=device),
             attention_mask=mask[None, None].to(device),
             position_ids=torch.tensor([tree.depths], device=device),
             **kwargs,
         ).logits[0]
-        if not kwargs:
-            logits = logits[keep.to(device)]
-        logits = logits.float()
-        targets = torch.tensor(tree.tokens, device=device)[scored.to(device)]
-        token_nll = logits.logsumexp(-1)[slot.to(device)] - logits[slot.to(device), targets]
+        logits = (logits if kwargs else logits[keep]).float()
+        targets = torch.tensor(tree.tokens)[scored].to(device)
+        token_nll = logits.logsumexp(-1)[slot] - logits[slot, targets]
         # a node's sum is its parent's plus its own token's (parents come first)
         total = [0.0] * len(tree.tokens)
         for node, nll in zip(scored.tolist(), token_nll.double().tolist(), strict=True):
