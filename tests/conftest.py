@@ -6,6 +6,10 @@ import os
 
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from gradleak.data import Example
 from gradleak.models.registry import load_victim
@@ -36,3 +40,16 @@ def tiny_victim():
         return load_victim(name, task, seed=seed)
 
     return make
+
+
+def word_level_lm(words: list[str], layers: int):
+    """A tiny random GPT-2 over a whitespace word vocabulary (``words`` starts with <bos>,
+    <pad>, <unk>): a prior whose vocabulary differs from every victim's."""
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=layers, n_head=2))
+    return lm, tokenizer

@@ -7,11 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import encode
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from conftest import encode, word_level_lm
 from typer.testing import CliRunner
 
 from gradleak import experiment, metrics
@@ -225,13 +221,7 @@ def test_prior_with_the_victims_vocabulary_reads_ids_directly(tiny_victim):
 
 def test_prior_with_another_vocabulary_retokenizes_the_decoded_text(tiny_victim):
     words = ["<bos>", "<pad>", "<unk>", "the", "cat", "sat", "on", "mat"]
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    torch.manual_seed(0)
-    lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=1, n_head=2))
+    lm, tokenizer = word_level_lm(words, layers=1)
     victim = tiny_victim("tiny-bert")
     prior = CausalLMPrior("word-lm", lm, tokenizer, victim.tokenizer)
     assert not prior.same_vocab

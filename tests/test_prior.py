@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
+from conftest import word_level_lm
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from gradleak.attacks.prior import CausalLMPrior, prefix_trees
 
@@ -70,13 +67,7 @@ def test_tree_scores_with_sdpa_attention(tiny_victim):
 
 def test_tree_scores_after_retokenization(tiny_victim):
     words = ["<bos>", "<pad>", "<unk>", "the", "cat", "sat", "on", "mat", "today"]
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    torch.manual_seed(0)
-    lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=2, n_head=2))
+    lm, tokenizer = word_level_lm(words, layers=2)
     victim = tiny_victim("tiny-bert")
     prior = CausalLMPrior("word-lm", lm, tokenizer, victim.tokenizer, tree_nodes=12)
     assert not prior.same_vocab
