@@ -75,13 +75,17 @@ def test_tree_scores_after_retokenization(tiny_victim):
     assert prior._tree_ok
 
 
-class _IgnoresTreeMasks(nn.Module):
-    """A causal LM that rebuilds its own causal mask: tree masks would give wrong scores."""
+class _WrappedLM(nn.Module):
+    """A causal LM behind a forward of another signature (the test doubles below)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.inner = model
         self.config = model.config
+
+
+class _IgnoresTreeMasks(_WrappedLM):
+    """A causal LM that rebuilds its own causal mask: tree masks would give wrong scores."""
 
     def forward(self, input_ids, attention_mask=None, position_ids=None):
         del position_ids  # positions follow the input order
@@ -136,13 +140,8 @@ def test_prefix_trees_hold_each_distinct_prefix_once():
     assert sorted(row for t in small for row in t.ends) == rows
 
 
-class _NoLogitSelection(nn.Module):
+class _NoLogitSelection(_WrappedLM):
     """A causal LM whose forward cannot restrict its logits to chosen positions."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.inner = model
-        self.config = model.config
 
     def forward(self, input_ids, attention_mask=None, position_ids=None):
         return self.inner(
