@@ -8,7 +8,8 @@ from conftest import encode
 
 from gradleak.attacks import AttackFailed, make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
-from gradleak.attacks.dager.span import rounding_noise
+from gradleak.attacks.dager.attack import _anchored
+from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
@@ -214,3 +215,16 @@ def test_weight_delta_rank_stops_at_the_float32_rounding_floor():
     large = ((weight + 1e-6 * direction) - weight).double()
     exact = span_basis([large], 64, rank_tol=None, noise=[noise])
     assert exact.rank == 6 and exact.noise_floor is None
+
+
+def test_ended_sentences_take_no_lone_spurious_extension():
+    # Every sentence has ended: the nearest trial (a repeated final ".") stands apart from the
+    # other trials, but far above the level true prefixes passed at, so it must not pass.
+    trials = torch.tensor([5e-3, 2e-1, 3e-1, 4e-1, 5e-1], dtype=torch.float64)
+    alone = gap_threshold(trials, 1e-2, max_accept=5)
+    assert alone > 5e-3  # the unanchored cut accepts the lone trial
+    anchored = gap_threshold(_anchored(trials, 6e-7), 1e-2, max_accept=6)
+    assert 6e-7 < anchored < 5e-3
+    # True trials near the level still pass with the anchor.
+    mixed = torch.cat([torch.tensor([1e-7, 9e-7], dtype=torch.float64), trials])
+    assert gap_threshold(_anchored(mixed, 6e-7), 1e-2, max_accept=8) > 9e-7

@@ -442,6 +442,7 @@ class DagerAttack:
         beam = self._start_beam(hf, adapter, start)
         finished: list[tuple[list[int], float]] = []
         checked = 0
+        level = None  # the largest distance a true prefix has passed at so far
         for position in range(len(start), self.settings.max_length):
             tokens = options(position)
             if not tokens or not len(beam):
@@ -461,7 +462,11 @@ class DagerAttack:
                 # and the robust per-position layer-1 sets do the selecting.
                 cut = math.inf
             else:
-                cut = self._threshold(distances, self.settings.l2_threshold, len(beam) * 4)
+                # At most one true trial per sentence of the batch passes at a position.
+                expected = len(beam) * 4 + knowledge.batch_size + 1
+                cut = self._threshold(
+                    _anchored(distances, level), self.settings.l2_threshold, expected
+                )
                 if layer2.noisy and self.settings.l2_threshold is None:
                     # A partial span leaves true prefixes near it, not in it: keep as many
                     # of the nearest as the batch has sentences.
@@ -475,6 +480,8 @@ class DagerAttack:
                 extended = set(parents[accepted].tolist())
                 finished += [beam.entry(i) for i in range(len(beam)) if i not in extended]
             scores = [max(beam.scores[int(parents[i])], distances[i].item()) for i in accepted]
+            if accepted and cut < self.settings.fallback_threshold:  # a clear gap, not a guess
+                level = max(scores + ([] if level is None else [level]))
             beam = self._advance(hf, adapter, beam, parents[accepted], added[accepted], scores)
         if beam.ids.shape[1] > len(start):
             finished += [beam.entry(i) for i in range(len(beam))]
@@ -711,6 +718,19 @@ def _last_position_distance(
         same = change <= 1e-6 * torch.linalg.vector_norm(last, dim=-1)
         distance = distance.masked_fill(same, float("inf"))
     return distance
+
+
+def _anchored(distances: torch.Tensor, level: float | None) -> torch.Tensor:
+    """The trial distances plus the level true prefixes have passed at so far.
+
+    Once every sentence has ended, no trial is true, yet the nearest spurious one (a repeated
+    final "." whose attention context barely differs) can stand a decade apart from the rest
+    and win the gap cut on its own. With the known true level among the values, the largest
+    gap falls between the true level and every spurious trial, and nothing is accepted.
+    """
+    if level is None:
+        return distances
+    return torch.cat([distances.flatten(), distances.new_tensor([level])])
 
 
 def _count_cut(distances: torch.Tensor, count: int) -> float:
