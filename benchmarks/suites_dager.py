@@ -64,13 +64,16 @@ def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
 
 
 def dager_lora(batches: int, data_dir: str | None) -> list[Cell]:
+    """LoRA from its usual zero-initialized B: only B's gradient moves, and its rows are
+    combinations of ``A x``, so the span can separate at most ``rank - 1`` tokens. Rank 256
+    (DAGER's own LoRA setting) shows the check at work on whole batches."""
     cells = [
         (
             f"smollm2-cola-B{b}-lora{rank}",
             _dager("smollm2", "cola", b, batches, data_dir, protocol={"lora": {"rank": rank}}),
         )
-        for rank in (8, 32)
-        for b in (1, 4)
+        for rank in (8, 32, 256)
+        for b in (1, 4, 16)
     ]
     return cells
 

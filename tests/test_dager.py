@@ -63,10 +63,16 @@ def test_decoder_recovers_in_train_mode_without_dropout(tiny_victim):
     assert decoded == ["a dog ran home", "the cat sat on the mat"]
 
 
-def test_next_token_prediction_recovers_all_but_the_unsupervised_last_token(tiny_victim):
-    decoded, _ = attack(tiny_victim("tiny-llama", task="causal_lm"), Protocol(mode="eval"))
-    # The last position predicts nothing, so its input gets no gradient: [SEP] is invisible.
+def test_next_token_prediction_recovers_the_batch_with_its_known_eos(tiny_victim):
+    victim = tiny_victim("tiny-llama", task="causal_lm")
+    decoded, result = attack(victim, Protocol(mode="eval"))
     assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    # The last position predicts nothing, so its input gets no gradient and [SEP] (this
+    # tokenizer's EOS) is invisible in the span; the attack ends each sentence with it.
+    batch = encode(victim, BATCH)
+    rows = zip(batch.input_ids, batch.lengths, strict=True)
+    truth = sorted(ids[: int(n)].tolist() for ids, n in rows)
+    assert sorted(result.token_ids) == truth
 
 
 def test_encoder_sentence_is_recovered_exactly(tiny_victim):

@@ -88,7 +88,7 @@ def encode_examples(
         )
     rows = enc["input_ids"]
     if task == "causal_lm":
-        rows = [_end_with_eos(tokenizer, row) for row in rows]
+        rows = [end_with_eos(tokenizer, row) for row in rows]
         if max_tokens:  # truncation keeps the EOS
             rows = [row if len(row) <= limit else [*row[: limit - 1], row[-1]] for row in rows]
     longest = max(len(r) for r in rows)
@@ -126,7 +126,7 @@ def encode_examples(
     return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
 
 
-def _end_with_eos(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> list[int]:
+def end_with_eos(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> list[int]:
     """A causal-LM example ends with EOS, as fine-tuning on separate examples does (SFT
     trainers append it so the model learns to stop). Without it the last word predicts
     nothing and gets no gradient at all. Tokenizers that already end rows with it (BERT's

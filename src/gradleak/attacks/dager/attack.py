@@ -31,7 +31,7 @@ from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.adapters import ModelAdapter, PastKeyValues
-from gradleak.models.tasks import unwrap
+from gradleak.models.tasks import end_with_eos, unwrap
 
 
 class DagerSettings(BaseModel):
@@ -335,6 +335,11 @@ class DagerAttack:
             else:
                 found = self._encoder_search(hf, knowledge, layer2, candidates, state)
                 sentences = self._pick_encoder_batch(found, knowledge.batch_size, state)
+        if gm.task == "causal_lm":
+            # The EOS that ends every next-token example predicts nothing, so its position
+            # gets no gradient and no span shows it; the task's format is public: append it.
+            end = _end_tokens(knowledge.tokenizer)
+            sentences = [(_ended(ids, end), score) for ids, score in sentences]
         return Reconstruction(
             token_ids=[ids for ids, _ in sentences],
             info={
@@ -758,6 +763,28 @@ def _variant(ids: list[int], other: list[int], share: float = 0.5) -> bool:
             remaining.remove(token)
             common += 1
     return common >= share * len(ids)
+
+
+def _end_tokens(tokenizer) -> list[int]:
+    """The tokens a next-token example ends with: the tokenizer's own trailing specials (e.g.
+    [SEP]) and the EOS the task appends (see ``end_with_eos``)."""
+    ids = tokenizer("x")["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    end = []
+    for token in reversed(ids):
+        if token not in special:
+            break
+        end.insert(0, token)
+    return end_with_eos(tokenizer, end)
+
+
+def _ended(ids: list[int], end: list[int]) -> list[int]:
+    """A recovered sentence completed with the known end tokens it is missing."""
+    if not ids:
+        return ids
+    longest = min(len(end), len(ids))
+    overlap = next(k for k in range(longest, -1, -1) if k == 0 or ids[-k:] == end[:k])
+    return [*ids, *end[overlap:]]
 
 
 def _start_tokens(tokenizer) -> list[int]:
