@@ -14,7 +14,8 @@ Suites:
   dager_decoder  DAGER on SmolLM2 (train mode; it has no dropout), CoLA / SST-2 / Rotten
                  Tomatoes, B = 1, 2, 4, 8, 16, 32, sequence classification and next token.
   dager_encoder  DAGER on MiniLM, eval-mode client, the three datasets, B = 1, 2, 4, 8.
-  dager_fedavg   DAGER on SmolLM2 FedAvg updates, CoLA B=16: E = 2, 5, 10 x lr 1e-5, 1e-4, 5e-4.
+  dager_fedavg   DAGER on SmolLM2 FedAvg updates, CoLA B=16: E = 2, 5, 10 x lr 1e-5, 1e-4, 5e-4;
+                 local batch b = 2, 4, 8 (E=1, lr 1e-4).
   dager_lora     DAGER on SmolLM2 LoRA updates (r = 8, 32, 256), CoLA, B = 1, 4, 16.
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
 

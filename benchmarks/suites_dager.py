@@ -48,18 +48,21 @@ def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
 
 
 def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
-    """How far exactness survives several local steps: E x lr on CoLA B=16."""
+    """How far exactness survives several local steps on CoLA B=16: E x lr, then local
+    mini-batches b (one epoch of 16 / b steps, lr 1e-4), DAGER's ablation shapes."""
+
+    def fedavg(name: str, **protocol) -> Cell:
+        protocol = {"algorithm": "fedavg", **protocol}
+        return name, _dager("smollm2", "cola", 16, batches, data_dir, protocol=protocol)
+
     cells = [
-        (
-            f"smollm2-cola-B16-E{epochs}-lr{lr:g}",
-            _dager(
-                "smollm2", "cola", 16, batches, data_dir,
-                protocol={"algorithm": "fedavg", "epochs": epochs, "lr": lr},
-            ),
-        )
+        fedavg(f"smollm2-cola-B16-E{epochs}-lr{lr:g}", epochs=epochs, lr=lr)
         for epochs in (2, 5, 10)
         for lr in (1e-5, 1e-4, 5e-4)
-    ]  # fmt: skip
+    ]
+    cells += [
+        fedavg(f"smollm2-cola-B16-E1-b{b}-lr0.0001", local_batch_size=b, lr=1e-4) for b in (2, 4, 8)
+    ]
     return cells
 
 
