@@ -8,7 +8,7 @@ from conftest import encode
 
 from gradleak.attacks import AttackFailed, make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
-from gradleak.attacks.dager.attack import _anchored
+from gradleak.attacks.dager.attack import SpanCheck, _anchored
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -40,6 +40,20 @@ def test_span_check_accepts_true_inputs_and_rejects_random_vectors():
     assert basis.rank == 5
     assert basis.distance(inputs).max() < 1e-6
     assert basis.distance(torch.randn(100, 32)).min() > 0.3
+
+
+def test_screened_vocabulary_distances_are_exact_near_the_span():
+    torch.manual_seed(0)
+    inputs = torch.randn(6, 64)
+    basis = span_basis([torch.randn(80, 6) @ inputs], hidden_size=64)
+    vocabulary = torch.cat([inputs, inputs[:2] + 1e-3 * torch.randn(2, 64), torch.randn(500, 64)])
+    check = SpanCheck(basis)
+    exact = check.distance(vocabulary)
+    screened = check.distance(vocabulary, screened=True)
+    near = exact < 2e-2
+    assert near.sum() == 8  # the true inputs and the two near-misses
+    assert torch.equal(screened[near], exact[near])  # float64, not float32's ~1e-6 noise
+    assert torch.allclose(screened[~near], exact[~near], rtol=1e-4)
 
 
 def test_adaptive_rank_finds_the_drop_under_noise():

@@ -65,6 +65,12 @@ class DagerSettings(BaseModel):
     shortlist: int = Field(64, ge=1, description="robust check: tokens per position it refits")
 
 
+# Span distances (relative) below this are recomputed in float64 when a vocabulary is
+# screened in float32: far above float32's noise near the span (~1e-6), and above every cut
+# that separates true inputs (the adaptive gap, or the 1e-2 fallback at most).
+SCREEN = 2e-2
+
+
 @dataclass
 class Block:
     """One projection's update, oriented ``[rows, input_dim]``, and the global weight it
@@ -81,10 +87,22 @@ class SpanCheck:
     span: SpanBasis
     transform: torch.Tensor | None = None  # [r, d] for LoRA's B-gradient space
 
-    def distance(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.transform is not None:
-            inputs = inputs.to(torch.float64) @ self.transform.T
-        return self.span.distance(inputs)
+    def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
+        """Span distance of each input row, in float64.
+
+        ``screened`` (for a whole vocabulary): a float32 pass first, and float64 only for the
+        rows it puts within ``SCREEN`` of the span. Far rows keep their float32 distance,
+        accurate to float32 there; the true inputs, near 0, get the exact value.
+        """
+        if not screened:
+            if self.transform is not None:
+                inputs = inputs.to(torch.float64) @ self.transform.T
+            return self.span.distance(inputs)
+        mapped = inputs if self.transform is None else inputs @ self.transform.T.to(inputs.dtype)
+        distances = self.span.rough_distance(mapped).to(torch.float64)
+        near = distances < SCREEN
+        distances[near] = self.distance(inputs[near])
+        return distances
 
 
 @dataclass
@@ -104,8 +122,8 @@ class LayerCheck:
     def rank(self) -> int:
         return max(c.span.rank for c in self.checks)
 
-    def distance(self, inputs: torch.Tensor) -> torch.Tensor:
-        return torch.stack([c.distance(inputs) for c in self.checks]).amin(dim=0)
+    def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
+        return torch.stack([c.distance(inputs, screened) for c in self.checks]).amin(dim=0)
 
     @property
     def noisy(self) -> bool:
@@ -388,7 +406,7 @@ class DagerAttack:
         the ``shortlist`` nearest tokens are refitted with L1; a true token is reproduced on
         about ``1 - dropout`` of its coordinates, any other on about ``rank / d``, and the cut
         sits halfway between."""
-        distances = layer1.distance(inputs)
+        distances = layer1.distance(inputs, screened=True)
         if dropout == 0.0:
             cut = self._threshold(distances, self.settings.l1_threshold, layer1.rank)
             if layer1.noisy and self.settings.l1_threshold is None:
@@ -423,8 +441,8 @@ class DagerAttack:
         per_position = []
         limit = min(self.settings.max_length, adapter.max_positions(hf))
         for position in range(limit):
-            positions = torch.full((table.shape[0],), position)
-            inputs = adapter.first_layer_input(hf, table, positions)
+            # One position for the whole vocabulary: a 0-d index broadcasts over the table.
+            inputs = adapter.first_layer_input(hf, table, torch.tensor(position))
             tokens = self._passing(inputs, layer1, dropout, directions)
             if not tokens:
                 break

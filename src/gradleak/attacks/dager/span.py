@@ -49,6 +49,14 @@ class SpanBasis:
         residual = torch.linalg.vector_norm(v - projected, dim=-1)
         return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
 
+    def rough_distance(self, vectors: torch.Tensor) -> torch.Tensor:
+        """``distance`` in float32: accurate far from the span, float32 noise (about 1e-6)
+        near it, which is where ``distance`` must take over (see ``SpanCheck``)."""
+        basis = self.basis.to(torch.float32)
+        v = vectors.to(torch.float32)
+        residual = torch.linalg.vector_norm(v - (v @ basis) @ basis.T, dim=-1)
+        return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
+
     def inlier_fraction(
         self,
         vectors: torch.Tensor,
