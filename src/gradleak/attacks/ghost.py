@@ -119,6 +119,42 @@ class _Bias(_Rule):
         return _rows(grad_out, groups)[..., self.cut].sum(1)
 
 
+class _LinearGroup:
+    """Linear weights of one shape (q/k/v/o of every layer, say) computed as one batched
+    product. A continuous step on a small model is bound by the count of small operations,
+    forward and double backward, not by their arithmetic: one stacked product per shape
+    replaces a dozen products per layer."""
+
+    def __init__(self, rules: list[_LinearWeight]) -> None:
+        self.rules = rules
+        self.mapping = torch.stack([r.mapping for r in rules])[:, None]  # [K, 1, in, out]
+
+    def statistics(
+        self, captures: list[Capture], grads: list[torch.Tensor], groups: int
+    ) -> list[Statistics | None]:
+        """Each rule's ``(inner, norm)`` (``[groups]`` each), or None where the rule must run
+        alone (long inputs, see ``_LinearWeight``). Rules whose modules read different token
+        counts (a pooler reads one position) are stacked apart."""
+        x = [_rows(c.input, groups)[..., r.in_slice] for r, c in zip(self.rules, captures)]
+        d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads)]
+        by_tokens: dict[int, list[int]] = {}
+        for k, inputs in enumerate(x):
+            by_tokens.setdefault(inputs.shape[1], []).append(k)
+        out: list[Statistics | None] = [None] * len(self.rules)
+        width_in, width_out = self.mapping.shape[-2:]
+        for tokens, members in by_tokens.items():
+            if tokens * tokens > width_in * width_out:
+                continue
+            xs = torch.stack([x[k] for k in members])  # [K, groups, n, in]
+            ds = torch.stack([d[k] for k in members])  # [K, groups, n, out]
+            mapping = self.mapping if len(members) == len(self.rules) else self.mapping[members]
+            inner = (ds * (xs @ mapping)).sum((2, 3))
+            norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
+            for position, k in enumerate(members):
+                out[k] = (inner[position], norm[position])
+        return out
+
+
 def _normalized(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A norm layer's output before its elementwise weight (LayerNorm or RMSNorm)."""
     if isinstance(module, nn.LayerNorm):
@@ -200,6 +236,16 @@ class GhostStatistics:
             self.rules.append(_rule_for(model.get_submodule(owner), attribute, target, spec))
         self.modules = list({id(r.module): r.module for r in self.rules}.values())
         self.target_norms = torch.stack([t.detach().pow(2).sum() for t in targets])
+        shapes: dict[tuple, list[int]] = {}
+        for index, rule in enumerate(self.rules):
+            if isinstance(rule, _LinearWeight):
+                key = (tuple(rule.mapping.shape), rule.mapping.dtype)
+                shapes.setdefault(key, []).append(index)
+        # (rule indices, their batched group): the other rules are computed one by one.
+        self.linear_groups = [
+            (indices, _LinearGroup([self.rules[i] for i in indices]))
+            for indices in shapes.values()
+        ]
 
     def statistics(
         self,
@@ -229,12 +275,22 @@ class GhostStatistics:
             id(m): torch.zeros_like(o) if g is None else g
             for m, o, g in zip(self.modules, outputs, grads, strict=True)
         }
-        inner, norm = [], []
-        for rule in self.rules:
-            capture = captures[id(rule.module)][0]
-            a, b = rule.statistics(capture, grad_of[id(rule.module)], groups)
-            inner.append(a)
-            norm.append(b)
+        inner: list[torch.Tensor | None] = [None] * len(self.rules)
+        norm: list[torch.Tensor | None] = [None] * len(self.rules)
+        for indices, group in self.linear_groups:
+            modules = [self.rules[i].module for i in indices]
+            stats = group.statistics(
+                [captures[id(m)][0] for m in modules], [grad_of[id(m)] for m in modules], groups
+            )
+            for index, pair in zip(indices, stats, strict=True):
+                if pair is not None:
+                    inner[index], norm[index] = pair
+        for index, rule in enumerate(self.rules):
+            if inner[index] is None:
+                capture = captures[id(rule.module)][0]
+                inner[index], norm[index] = rule.statistics(
+                    capture, grad_of[id(rule.module)], groups
+                )
         return torch.stack(inner, dim=1), torch.stack(norm, dim=1)
 
     @contextmanager
