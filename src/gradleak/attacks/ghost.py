@@ -135,8 +135,11 @@ class _LinearGroup:
         """Each rule's ``(inner, norm)`` (``[groups]`` each), or None where the rule must run
         alone (long inputs, see ``_LinearWeight``). Rules whose modules read different token
         counts (a pooler reads one position) are stacked apart."""
-        x = [_rows(c.input, groups)[..., r.in_slice] for r, c in zip(self.rules, captures)]
-        d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads)]
+        x = [
+            _rows(c.input, groups)[..., r.in_slice]
+            for r, c in zip(self.rules, captures, strict=True)
+        ]
+        d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads, strict=True)]
         by_tokens: dict[int, list[int]] = {}
         for k, inputs in enumerate(x):
             by_tokens.setdefault(inputs.shape[1], []).append(k)
@@ -243,8 +246,7 @@ class GhostStatistics:
                 shapes.setdefault(key, []).append(index)
         # (rule indices, their batched group): the other rules are computed one by one.
         self.linear_groups = [
-            (indices, _LinearGroup([self.rules[i] for i in indices]))
-            for indices in shapes.values()
+            (indices, _LinearGroup([self.rules[i] for i in indices])) for indices in shapes.values()
         ]
 
     def statistics(
