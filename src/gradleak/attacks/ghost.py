@@ -287,12 +287,25 @@ class GhostStatistics:
             for index, pair in zip(indices, stats, strict=True):
                 if pair is not None:
                     inner[index], norm[index] = pair
+        # Small tensors (biases, norm weights): each gradient formed, then compared with the
+        # targets for all tensors of one shape at once.
+        formed: dict[torch.Size, list[tuple[int, torch.Tensor]]] = {}
         for index, rule in enumerate(self.rules):
-            if inner[index] is None:
-                capture = captures[id(rule.module)][0]
-                inner[index], norm[index] = rule.statistics(
-                    capture, grad_of[id(rule.module)], groups
-                )
+            if inner[index] is not None:
+                continue
+            capture, grad = captures[id(rule.module)][0], grad_of[id(rule.module)]
+            if type(rule).statistics is _Rule.statistics:
+                gradient = rule.gradient(capture, grad, groups)
+                formed.setdefault(gradient.shape, []).append((index, gradient))
+            else:
+                inner[index], norm[index] = rule.statistics(capture, grad, groups)
+        for members in formed.values():
+            gradients = torch.stack([g for _, g in members])  # [K, groups, ...]
+            targets = torch.stack([self.rules[i].target for i, _ in members])[:, None]
+            dims = tuple(range(2, gradients.dim()))
+            a, b = (gradients * targets).sum(dims), (gradients * gradients).sum(dims)
+            for k, (index, _) in enumerate(members):
+                inner[index], norm[index] = a[k], b[k]
         return torch.stack(inner, dim=1), torch.stack(norm, dim=1)
 
     @contextmanager
