@@ -39,6 +39,8 @@ import suites_lamp  # noqa: E402
 import timing  # noqa: E402
 from cells import run_suite  # noqa: E402
 
+from gradleak.attacks import EXACT_ATTACKS  # noqa: E402
+
 CELL_SUITES = {**suites_lamp.SUITES, **suites_dager.SUITES}  # tables of ordinary runs
 SUITES = [*timing.SUITES, *CELL_SUITES]
 
@@ -51,14 +53,30 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="inputs (batches) per cell")
     parser.add_argument("--data-dir", default=os.environ.get("GRADLEAK_DATA_DIR"))
     parser.add_argument("--only", help="run only the cells whose name contains this")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="optimization attacks' step budget instead of their papers' (a reduced table: "
+        "results go to <out>/steps-N so they never mix with full-budget ones)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    out = args.out / f"steps-{args.steps}" if args.steps else args.out
     for suite in args.suites:
         if suite in timing.SUITES:
-            timing.SUITES[suite](args.out, args.batches, args.data_dir)
+            timing.SUITES[suite](out, args.batches, args.data_dir)
         else:
             cells = CELL_SUITES[suite](args.batches, args.data_dir)
-            run_suite(args.out, suite, cells, args.only)
+            if args.steps:
+                cells = [(name, with_steps(fields, args.steps)) for name, fields in cells]
+            run_suite(out, suite, cells, args.only)
+
+
+def with_steps(fields: dict, steps: int) -> dict:
+    """A cell's fields with the step budget of an optimization attack set (DAGER has none)."""
+    if fields["attack"] in EXACT_ATTACKS:
+        return fields
+    return {**fields, "attack_settings": {**fields.get("attack_settings", {}), "steps": steps}}
 
 
 if __name__ == "__main__":
