@@ -127,7 +127,7 @@ class _LinearGroup:
 
     def __init__(self, rules: list[_LinearWeight]) -> None:
         self.rules = rules
-        self.mapping = torch.stack([r.mapping for r in rules])[:, None]  # [K, 1, in, out]
+        self.mapping = torch.stack([r.mapping for r in rules])  # [K, in, out]
 
     def statistics(
         self, captures: list[Capture], grads: list[torch.Tensor], groups: int
@@ -151,7 +151,10 @@ class _LinearGroup:
             xs = torch.stack([x[k] for k in members])  # [K, groups, n, in]
             ds = torch.stack([d[k] for k in members])  # [K, groups, n, out]
             mapping = self.mapping if len(members) == len(self.rules) else self.mapping[members]
-            inner = (ds * (xs @ mapping)).sum((2, 3))
+            # All groups' rows against one [in, out] per rule: a [K, rows, in] product, not a
+            # broadcast over groups (which would copy the mapping once per group).
+            mapped = (xs.flatten(1, 2) @ mapping).view(ds.shape)
+            inner = (ds * mapped).sum((2, 3))
             norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
             for position, k in enumerate(members):
                 out[k] = (inner[position], norm[position])
