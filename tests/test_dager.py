@@ -248,3 +248,23 @@ def test_ended_sentences_take_no_lone_spurious_extension():
     # True trials near the level still pass with the anchor.
     mixed = torch.cat([torch.tensor([1e-7, 9e-7], dtype=torch.float64), trials])
     assert gap_threshold(_anchored(mixed, 6e-7), 1e-2, max_accept=8) > 9e-7
+
+
+@pytest.mark.parametrize("relative", [1e-6, 1e-4, 1e-3])
+def test_gaussian_noise_on_the_update_is_cut_adaptively(tiny_victim, relative):
+    """DP-style Gaussian noise raises the spectrum's floor: the adaptive rank and distance
+    cuts follow it, where a fixed tolerance below the noise would call the span full."""
+    victim = tiny_victim("tiny-llama")
+    batch = encode(victim, BATCH)
+    gm = GlobalModel.build(victim, Protocol(mode="eval"))
+    update = compute_update(gm, batch, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in update.tensors.items():
+        noise = torch.randn(tensor.shape, generator=generator) * relative * tensor.std()
+        update.tensors[name] = tensor + noise
+    knowledge = server_knowledge(gm, batch, known_lengths=False)
+    result = DagerAttack().run(update, knowledge, seed=0)
+    decoded = sorted(victim.tokenizer.decode(i, skip_special_tokens=True) for i in result.token_ids)
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    with pytest.raises(AttackFailed, match="full rank"):
+        DagerAttack(DagerSettings(rank_tol=1e-9)).run(update, knowledge, seed=0)
