@@ -40,13 +40,33 @@ def cell(
     }
 
 
-def run_suite(out_dir: Path, suite: str, cells: list[Cell], only: str | None = None) -> None:
-    """Run a suite's cells (those whose name contains ``only``, if given); write its table."""
+def run_suite(
+    out_dir: Path, suite: str, cells: list[Cell], only: str | None = None, report: bool = False
+) -> None:
+    """Run a suite's cells (those whose name contains ``only``, if given); write its table.
+
+    ``report`` runs nothing: the table is rebuilt from the cells already finished."""
     cells = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
-    rows = run_cells(out_dir, suite, cells)
-    for path in write_results(out_dir, suite, rows, started, notes=f"{len(cells)} cells."):
+    if report:
+        rows = finished_rows(out_dir, suite, cells)
+        notes = f"{len(rows)} of {len(cells)} cells finished."
+    else:
+        rows = run_cells(out_dir, suite, cells)
+        notes = f"{len(cells)} cells."
+    for path in write_results(out_dir, suite, rows, started, notes=notes):
         print(f"wrote {path}")
+
+
+def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str, Any]]:
+    """Summary rows of the cells whose records are complete for their current config."""
+    rows = []
+    for name, fields in cells:
+        config = validate_config(**fields).model_dump(mode="json")
+        record = _finished(out_dir / suite / f"{name}.json", config)
+        if record is not None:
+            rows.append(_row(name, record))
+    return rows
 
 
 def run_cells(
@@ -61,23 +81,27 @@ def run_cells(
         record = _finished(path, config.model_dump(mode="json"))
         if record is None:
             record = experiment.run(config, out=str(path))
-        strict = record["metrics"].get("strict", {})
-        paper = record["metrics"].get("paper", {})
-        n = max(1, len(record["samples"]))
-        rows.append(
-            {
-                "cell": name,
-                "R-1 strict": strict.get("rouge1", 0.0),
-                "R-2 strict": strict.get("rouge2", 0.0),
-                "exact %": strict.get("exact_match", 0.0),
-                "R-1 paper": paper.get("rouge1", 0.0),
-                "R-2 paper": paper.get("rouge2", 0.0),
-                "s/batch": record["timing"]["attack_s"] / n,
-                "failed": len(record["failed_inputs"]),
-            }
-        )
+        rows.append(_row(name, record))
         print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
     return rows
+
+
+def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A cell's line in its suite's table."""
+    strict = record["metrics"].get("strict", {})
+    paper = record["metrics"].get("paper", {})
+    n = max(1, len(record["samples"]))
+    return {
+        "cell": name,
+        "inputs": len(record["samples"]),
+        "R-1 strict": strict.get("rouge1", 0.0),
+        "R-2 strict": strict.get("rouge2", 0.0),
+        "exact %": strict.get("exact_match", 0.0),
+        "R-1 paper": paper.get("rouge1", 0.0),
+        "R-2 paper": paper.get("rouge2", 0.0),
+        "s/batch": record["timing"]["attack_s"] / n,
+        "failed": len(record["failed_inputs"]),
+    }
 
 
 def _finished(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -85,4 +109,13 @@ def _finished(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     record = json.loads(path.read_text(encoding="utf-8"))
-    return record if record.get("config") == config else None
+    same = _without_unset(record.get("config")) == _without_unset(config)
+    return record if same else None
+
+
+def _without_unset(value: Any) -> Any:
+    """A config without its None (default) entries: an option added after a record was
+    written, left at its default, does not make the record stale."""
+    if isinstance(value, dict):
+        return {k: _without_unset(v) for k, v in value.items() if v is not None}
+    return value

@@ -59,6 +59,9 @@ def main() -> None:
         help="optimization attacks' step budget instead of their papers' (a reduced table: "
         "results go to <out>/steps-N so they never mix with full-budget ones)",
     )
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: rebuild the tables from finished cells"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = args.out / f"steps-{args.steps}" if args.steps else args.out
@@ -69,7 +72,7 @@ def main() -> None:
             cells = CELL_SUITES[suite](args.batches, args.data_dir)
             if args.steps:
                 cells = [(name, with_steps(fields, args.steps)) for name, fields in cells]
-            run_suite(out, suite, cells, args.only)
+            run_suite(out, suite, cells, args.only, args.report)
 
 
 def with_steps(fields: dict, steps: int) -> dict:
