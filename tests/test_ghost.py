@@ -93,3 +93,20 @@ def test_a_module_run_twice_is_refused():
     x = torch.randn(2, 3)
     with pytest.raises(GhostUnsupported, match="ran 2 times"):
         ghost.statistics(lambda: layer(layer(x)).sum(), rows=2)
+
+
+@pytest.mark.parametrize("tokens", [2, 9])  # 9 x 9 > 4 x 3: the gradient itself is formed
+def test_linear_statistics_equal_the_materialized_gradient(tokens):
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))
+    specs = [
+        TensorSpec(key=f"{i}.{a}", param=f"{i}.{a}") for i in (0, 1) for a in ("weight", "bias")
+    ]
+    targets = [torch.randn_like(p) for p in layers.parameters()]
+    ghost = GhostStatistics(layers, specs, targets)
+    x = torch.randn(1, tokens, 4)
+    inner, norm = ghost.statistics(lambda: layers(x).pow(2).mean(), rows=1)
+    grads = torch.autograd.grad(layers(x).pow(2).mean(), list(layers.parameters()))
+    expected = [(g * t).sum() for g, t in zip(grads, targets, strict=True)]
+    assert torch.allclose(inner[0], torch.stack(expected))
+    assert torch.allclose(norm[0], torch.stack([g.pow(2).sum() for g in grads]))

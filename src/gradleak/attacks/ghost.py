@@ -92,16 +92,6 @@ class _LinearWeight(_Rule):
         self.mapping = (self.target if transposed else self.target.T).contiguous()
         self.transposed = transposed
 
-    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
-        x = _rows(capture.input, groups)[..., self.in_slice]
-        d = _rows(grad_out, groups)[..., self.out_slice]
-        tokens, width_in, width_out = x.shape[1], x.shape[2], d.shape[2]
-        if tokens * tokens > width_in * width_out:  # long inputs: the gradient is smaller
-            return super().statistics(capture, grad_out, groups)
-        inner = (d * (x @ self.mapping)).sum((1, 2))
-        norm = ((d @ d.transpose(1, 2)) * (x @ x.transpose(1, 2))).sum((1, 2))
-        return inner, norm
-
     def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
         x = _rows(capture.input, groups)[..., self.in_slice]
         d = _rows(grad_out, groups)[..., self.out_slice]
@@ -120,10 +110,10 @@ class _Bias(_Rule):
 
 
 class _LinearGroup:
-    """Linear weights of one shape (q/k/v/o of every layer, say) computed as one batched
-    product. A continuous step on a small model is bound by the count of small operations,
-    forward and double backward, not by their arithmetic: one stacked product per shape
-    replaces a dozen products per layer."""
+    """Linear weights of one shape (q/k/v/o of every layer, say), their statistics computed
+    as one batched product. Each small product pays dispatch and autograd overhead, forward
+    and in the double backward; one stacked product per shape pays it once (a MiniLM step:
+    0.098 -> 0.081 s at 2 threads)."""
 
     def __init__(self, rules: list[_LinearWeight]) -> None:
         self.rules = rules
@@ -132,9 +122,10 @@ class _LinearGroup:
     def statistics(
         self, captures: list[Capture], grads: list[torch.Tensor], groups: int
     ) -> list[Statistics | None]:
-        """Each rule's ``(inner, norm)`` (``[groups]`` each), or None where the rule must run
-        alone (long inputs, see ``_LinearWeight``). Rules whose modules read different token
-        counts (a pooler reads one position) are stacked apart."""
+        """Each rule's ``(inner, norm)`` (``[groups]`` each), or None for long inputs, whose
+        gradient (``in x out``) is smaller than the token products (``n x n``): the caller
+        forms it. Rules whose modules read different token counts (a pooler reads one
+        position) are stacked apart."""
         x = [
             _rows(c.input, groups)[..., r.in_slice]
             for r, c in zip(self.rules, captures, strict=True)
@@ -290,8 +281,8 @@ class GhostStatistics:
             for index, pair in zip(indices, stats, strict=True):
                 if pair is not None:
                     inner[index], norm[index] = pair
-        # Small tensors (biases, norm weights): each gradient formed, then compared with the
-        # targets for all tensors of one shape at once.
+        # Small tensors (biases, norm weights, linear weights of long inputs): each gradient
+        # formed, then compared with the targets for all tensors of one shape at once.
         formed: dict[torch.Size, list[tuple[int, torch.Tensor]]] = {}
         for index, rule in enumerate(self.rules):
             if inner[index] is not None:
