@@ -118,6 +118,9 @@ class _LinearGroup:
     def __init__(self, rules: list[_LinearWeight]) -> None:
         self.rules = rules
         self.mapping = torch.stack([r.mapping for r in rules])  # [K, in, out]
+        # Stacked mappings of a subset of the rules (a pooler reads fewer tokens than the
+        # rest), kept: the split is the same every step and the copy is megabytes.
+        self._subsets: dict[tuple[int, ...], torch.Tensor] = {}
 
     def statistics(
         self, captures: list[Capture], grads: list[torch.Tensor], groups: int
@@ -141,7 +144,12 @@ class _LinearGroup:
                 continue
             xs = torch.stack([x[k] for k in members])  # [K, groups, n, in]
             ds = torch.stack([d[k] for k in members])  # [K, groups, n, out]
-            mapping = self.mapping if len(members) == len(self.rules) else self.mapping[members]
+            mapping = self.mapping
+            if len(members) < len(self.rules):
+                key = tuple(members)
+                if key not in self._subsets:
+                    self._subsets[key] = self.mapping[members]
+                mapping = self._subsets[key]
             # All groups' rows against one [in, out] per rule: a [K, rows, in] product, not a
             # broadcast over groups (which would copy the mapping once per group).
             mapped = (xs.flatten(1, 2) @ mapping).view(ds.shape)
