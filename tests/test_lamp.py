@@ -210,9 +210,11 @@ def test_prior_with_the_victims_vocabulary_reads_ids_directly(tiny_victim):
     prior = CausalLMPrior("tiny-gpt2", lm.model, lm.tokenizer, victim.tokenizer)
     assert prior.same_vocab
     ids = victim.tokenizer("the cat sat", add_special_tokens=False)["input_ids"]
-    assert prior.prior_ids(ids) == [victim.tokenizer.cls_token_id, *ids]  # BOS, then the text
+    # LAMP's own reading: [CLS] text [SEP], the tokenizer's BOS and EOS around the text
+    tok = victim.tokenizer
+    assert prior.prior_ids(ids) == [tok.cls_token_id, *ids, tok.sep_token_id]
     sums, counts = prior.sentence_nll([ids, ids[::-1], ids])
-    assert counts.tolist() == [len(ids)] * 3
+    assert counts.tolist() == [len(ids) + 1] * 3
     with torch.no_grad():
         assert sums[0] == pytest.approx(float(_manual_nll(lm.model, prior.prior_ids(ids))), 1e-4)
         reverse = float(_manual_nll(lm.model, prior.prior_ids(ids[::-1])))

@@ -7,7 +7,7 @@ import torch
 from conftest import word_level_lm
 from torch import nn
 
-from gradleak.attacks.prior import CausalLMPrior, prefix_trees
+from gradleak.attacks.prior import CausalLMPrior, document_token, prefix_trees
 
 
 @torch.no_grad()
@@ -156,3 +156,18 @@ def test_trees_work_without_logit_selection(tiny_victim):
     prior = CausalLMPrior("plain", model, lm.tokenizer, victim.tokenizer, tree_nodes=16)
     _check(prior, lm.model, _sequences(victim.tokenizer))
     assert prior._tree_ok
+
+
+def test_texts_are_scored_as_documents_not_chat_turns():
+    """Instruct tokenizers name chat-turn markers as BOS and EOS; a text is scored between
+    document separators instead, and between BOS and EOS where they are not turn markers."""
+    words = ["<|im_start|>", "<pad>", "<unk>", "<|endoftext|>", "<|im_end|>", "the", "cat"]
+    lm, tokenizer = word_level_lm(words, layers=1)
+    tokenizer.bos_token, tokenizer.eos_token = "<|im_start|>", "<|im_end|>"
+    assert document_token(tokenizer, lm, "bos") == document_token(tokenizer, lm, "eos") == 3
+    prior = CausalLMPrior("chat-lm", lm, tokenizer, tokenizer)
+    assert prior.prior_ids([5, 6]) == [3, 5, 6, 3]
+    plain, plain_tokenizer = word_level_lm(["<bos>", "<pad>", "<unk>", "<|endoftext|>"], layers=1)
+    plain_tokenizer.eos_token = "<pad>"
+    assert document_token(plain_tokenizer, plain, "bos") == 0
+    assert document_token(plain_tokenizer, plain, "eos") == 1

@@ -30,6 +30,16 @@ from gradleak.models.registry import load_victim
 
 NO_PRIOR = "none"
 
+# A candidate is scored as a whole document: after a start token and followed by an end token,
+# as LAMP's BERT-vocabulary GPT-2 read [CLS] text [SEP] (the end rewards a sentence that ends
+# where sentences end, e.g. at its full stop). Instruct tokenizers name chat-turn markers as BOS
+# and EOS; after <|im_start|> the model expects a role name ("user"), not text, so the document
+# separator of their pretraining is used instead. Measured on SmolLM2-135M-Instruct, LAMP's
+# first CoLA sentence: 7.67 nats/token after <|im_start|>, 7.09 after <|endoftext|>; a
+# reordering of it the attack kept scored 8.07 vs 8.75, so the true order's margin grows 4x.
+CHAT_TURN_MARKERS = frozenset({"<|im_start|>", "<|im_end|>"})
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+
 Row = tuple[int, ...]
 
 
@@ -137,10 +147,8 @@ class CausalLMPrior:
         self._tree_ok: bool | None = None  # whether the model honours tree masks; probed once
         # Same vocabulary: the victim's ids are the prior's ids (LAMP's own setting).
         self.same_vocab = tokenizer.get_vocab() == victim_tokenizer.get_vocab()
-        bos = tokenizer.bos_token_id
-        if bos is None:
-            bos = getattr(model.config, "bos_token_id", None)
-        self.bos: int | None = bos
+        self.bos: int | None = document_token(tokenizer, model, "bos")
+        self.end: int | None = document_token(tokenizer, model, "eos")
         pad = tokenizer.pad_token_id
         self.pad: int = pad if pad is not None else (tokenizer.eos_token_id or 0)
 
@@ -151,7 +159,8 @@ class CausalLMPrior:
         else:
             text = self.victim_tokenizer.decode(victim_ids, skip_special_tokens=True)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ([self.bos] if self.bos is not None else []) + ids
+        start = [self.bos] if self.bos is not None else []
+        return start + ids + ([self.end] if self.end is not None else [])
 
     @torch.no_grad()
     def sentence_nll(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,6 +260,18 @@ class CausalLMPrior:
         token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         token_nll = token_nll.masked_fill(~valid, 0.0)
         return token_nll.sum(dim=1).double(), valid.sum(dim=1).double()
+
+
+def document_token(tokenizer: PreTrainedTokenizerBase, model: nn.Module, which: str) -> int | None:
+    """The token before (``which="bos"``) or after (``"eos"``) a scored text: the tokenizer's,
+    or the document separator where that is a chat-turn marker; None when there is none."""
+    vocab = tokenizer.get_vocab()
+    if getattr(tokenizer, f"{which}_token") in CHAT_TURN_MARKERS and DOCUMENT_SEPARATOR in vocab:
+        return vocab[DOCUMENT_SEPARATOR]
+    token_id = getattr(tokenizer, f"{which}_token_id")
+    if token_id is None:  # a config's id may be a default outside this vocabulary (GPT-2's)
+        token_id = getattr(model.config, f"{which}_token_id", None)
+    return token_id if isinstance(token_id, int) and 0 <= token_id < len(tokenizer) else None
 
 
 def _accepts(model: nn.Module, argument: str) -> bool:
