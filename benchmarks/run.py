@@ -4,6 +4,8 @@ Suites:
   step_time      seconds per continuous optimization step (DLG/TAG objective, forward plus
                  double backward) on tiny-bert and MiniLM, B=1, one demo sentence, eval mode.
   discrete_round LAMP_cos's discrete round on MiniLM, batched vs one-by-one scoring.
+  input_time     LAMP_cos per CoLA input at the paper budget, batched vs one-by-one scoring
+                 (--batches inputs; each phase's seconds).
   lamp_main      DLG, TAG, LAMP_cos, LAMP_L2+L1 on MiniLM, CoLA / SST-2 / RT, B=1, eval mode.
   lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.

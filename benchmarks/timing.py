@@ -128,4 +128,42 @@ def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: in
         print(f"wrote {path}")
 
 
-SUITES = {"step_time": step_time, "discrete_round": discrete_round}
+def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """LAMP_cos on CoLA's first ``batches`` inputs at the paper budget, prior included: the
+    attack as it runs (batched scoring) and with the reference's one-candidate-at-a-time
+    scoring of the same start and discrete candidates, in one run, same seed."""
+    started = time.perf_counter()
+    examples = load_examples("cola", data_dir, None, None)
+    rows = []
+    for index, batch in enumerate(sample_batches(examples, batches, 1, seed=101)):
+        _, _, update, knowledge = _scenario("minilm", batch)
+        for label, chunk in (("batched", None), ("one by one (reference)", 0)):
+            attack = make_attack("lamp-cos", score_batch=chunk)
+            attack.prepare()  # the prior model loads outside the timed attack
+            begin = time.perf_counter()
+            result = attack.run(update, knowledge, seed=0)
+            seconds = time.perf_counter() - begin
+            text = knowledge.tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
+            rows.append(
+                {
+                    "input": index,
+                    "scoring": label,
+                    "s/input": seconds,
+                    **{f"{phase} s": value for phase, value in result.info["seconds"].items()},
+                    "prediction": text,
+                }
+            )
+            print(rows[-1], flush=True)
+    pairs = [(rows[i], rows[i + 1]) for i in range(0, len(rows), 2)]
+    ratio = sum(slow["s/input"] for _, slow in pairs) / sum(fast["s/input"] for fast, _ in pairs)
+    same = sum(fast["prediction"] == slow["prediction"] for fast, slow in pairs)
+    notes = (
+        f"LAMP_cos, MiniLM, CoLA B=1, eval mode, paper budget, {pairs[0][0]['scoring']} vs "
+        f"one-by-one scoring: {ratio:.2f}x per input; same prediction on {same} of "
+        f"{len(pairs)} inputs (float rounding may order near-ties differently)."
+    )
+    for path in write_results(out_dir, "input_time", rows, started, notes):
+        print(f"wrote {path}")
+
+
+SUITES = {"step_time": step_time, "discrete_round": discrete_round, "input_time": input_time}

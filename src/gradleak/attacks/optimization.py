@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -358,7 +359,9 @@ class OptimizationAttack:
         """Start, then alternate continuous steps and discrete rounds; keep the best iterate."""
         s = self.settings
         info: dict[str, Any] = {}
+        began = time.perf_counter()
         free = self._start(ws, assignments, generator, info)
+        seconds = {"start": time.perf_counter() - began, "discrete": 0.0}
         init_size = info.get("init_size")
         dummy = DummyBatch(free=free, fixed=ws.fixed, free_mask=ws.free_mask)
         dummy.free.requires_grad_(True)
@@ -386,8 +389,12 @@ class OptimizationAttack:
             optimizer.step()
             scheduler.step()
             if self._discrete_due(step):
+                round_began = time.perf_counter()
                 self._discrete_round(ws, dummy, prior, generator, accepted)
+                seconds["discrete"] += time.perf_counter() - round_began
                 rounds += 1
+        seconds["continuous"] = time.perf_counter() - began - seconds["start"] - seconds["discrete"]
+        info["seconds"] = {phase: round(value, 3) for phase, value in seconds.items()}
         if s.discrete_every > 0:
             info["discrete_rounds"] = rounds
             info["accepted_transforms"] = dict(sorted(accepted.items()))
