@@ -13,8 +13,9 @@ from typing import Any
 
 from report import write_results
 
-from gradleak import experiment
-from gradleak.config import validate_config
+from gradleak import experiment, metrics
+from gradleak.config import RunConfig, validate_config
+from gradleak.store import ResultStore
 
 DATASETS = ("cola", "sst2", "rotten_tomatoes")
 
@@ -50,7 +51,13 @@ def run_suite(
     started = time.perf_counter()
     if report:
         rows = finished_rows(out_dir, suite, cells)
-        notes = f"{len(rows)} of {len(cells)} cells finished."
+        wanted = {name: fields["n_inputs"] for name, fields in cells}
+        partial = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
+        notes = (
+            f"Rebuilt from stored results: {len(rows) - partial} of {len(cells)} cells finished, "
+            f"{partial} part-way (see inputs). s/batch is as measured by each run; the machine "
+            "line below describes the process that wrote this table."
+        )
     else:
         rows = run_cells(out_dir, suite, cells)
         notes = f"{len(cells)} cells."
@@ -59,14 +66,38 @@ def run_suite(
 
 
 def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str, Any]]:
-    """Summary rows of the cells whose records are complete for their current config."""
+    """Summary rows of the cells whose records are complete for their current config, and of
+    cells interrupted part-way (their ``inputs`` column says how many are done)."""
     rows = []
     for name, fields in cells:
-        config = validate_config(**fields).model_dump(mode="json")
-        record = _finished(out_dir / suite / f"{name}.json", config)
+        config = validate_config(**fields)
+        path = out_dir / suite / f"{name}.json"
+        record = _finished(path, config.model_dump(mode="json"))
+        if record is None:
+            record = _unfinished(path, config)
         if record is not None:
             rows.append(_row(name, record))
     return rows
+
+
+def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
+    """What an interrupted run of ``config`` has finished, summarized like a record."""
+    samples = list(ResultStore(path, config.identity()).load_finished().values())
+    if not samples:
+        return None
+    scored = [s for s in samples if "error" not in s]
+    summary = {}
+    if scored:
+        summary = metrics.aggregate(
+            [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
+            [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
+        )
+    return {
+        "samples": samples,
+        "metrics": summary,
+        "timing": {"attack_s": sum(s["attack_s"] for s in samples)},
+        "failed_inputs": [s["index"] for s in samples if "error" in s],
+    }
 
 
 def run_cells(

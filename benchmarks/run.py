@@ -62,7 +62,7 @@ def main() -> None:
         "results go to <out>/steps-N so they never mix with full-budget ones)",
     )
     parser.add_argument(
-        "--report", action="store_true", help="run nothing: rebuild the tables from finished cells"
+        "--report", action="store_true", help="run nothing: rebuild the tables from stored results"
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
