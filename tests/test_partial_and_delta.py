@@ -175,6 +175,48 @@ def test_simulated_delta_at_the_truth_equals_the_clients_delta(tiny_victim, prot
     )
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_replay_carrying_only_the_read_table_rows_equals_the_dense_replay(tiny_victim, optimizer):
+    """Only the table rows the batch reads get a gradient, so carrying just those (or any
+    superset) gives the dense replay's delta and the same embedding gradient."""
+    victim = tiny_victim("tiny-bert")
+    protocol = Protocol(
+        algorithm="fedavg", mode="eval", epochs=2, lr=1e-2 if optimizer == "sgd" else 1e-3,
+        local_batch_size=1, shuffle=False, optimizer=optimizer,
+    )  # fmt: skip
+    batch, gm, update, knowledge = scenario(victim, protocol)
+    matcher = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
+    simulator = matcher.simulator
+    ids = batch.input_ids
+    rows = simulator.table_rows(ids)
+    table = simulator.initial[simulator.table.name]
+    assert rows is not None and len(rows.index) < table.shape[0] // 4
+    truth = true_embeddings(victim, matcher, batch)
+    embeds = truth + 0.1 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(0))
+    dense = simulator.delta(embeds, knowledge.labels, ids)
+    wider = simulator.table_rows(torch.cat([ids.flatten(), torch.arange(40)]))
+    for carried in (rows, wider):
+        sparse = simulator.delta(embeds, knowledge.labels, ids, carried)
+        assert set(sparse) == set(dense)
+        for name in dense:
+            torch.testing.assert_close(sparse[name], dense[name], rtol=1e-5, atol=1e-9)
+    free = embeds.clone().requires_grad_(True)
+    (with_rows,) = torch.autograd.grad(matcher.loss(free, ids), [free])
+    simulator.table = dataclasses.replace(simulator.table, input_only=False)
+    assert simulator.table_rows(ids) is None
+    (without,) = torch.autograd.grad(matcher.loss(free, ids), [free])
+    torch.testing.assert_close(with_rows, without, rtol=1e-4, atol=1e-9)
+
+
+def test_a_table_tied_to_the_output_head_is_replayed_whole(tiny_victim):
+    victim = tiny_victim("tiny-gpt2", "causal_lm")
+    protocol = Protocol(algorithm="fedavg", mode="eval", epochs=2, lr=1e-2)
+    batch, gm, update, knowledge = scenario(victim, protocol)
+    matcher = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
+    assert matcher.simulator.table is not None
+    assert matcher.simulator.table_rows(batch.input_ids) is None  # the head reads every row
+
+
 def test_one_sgd_step_simulated_is_the_pseudo_gradient(tiny_victim):
     """E = 1, b = n_k: one SGD step, where -delta / lr is the gradient; both modes agree."""
     victim = tiny_victim("tiny-bert")

@@ -303,6 +303,8 @@ class GradientMatcher:
         trained = [n for n, p in gm.model.named_parameters() if p.requires_grad]
         embedding = gm.adapter.token_embedding(unwrap(self.model))
         table = next((n for n in trained if params[n] is embedding.weight), None)
+        aliases = [n for n, p in self.model.named_parameters(remove_duplicate=False)]
+        aliases = [n for n in aliases if _get(self.model, n) is embedding.weight]
         return LocalTrainingSimulator(
             self._loss_module,
             prefix="model.",
@@ -310,7 +312,9 @@ class GradientMatcher:
             facts=facts,
             attention_mask=self.attention_mask,
             token_type_ids=self.token_type_ids,
-            table=None if table is None else EmbeddingTable(table, embedding.padding_idx),
+            table=None
+            if table is None
+            else EmbeddingTable(table, embedding.padding_idx, input_only=len(aliases) == 1),
         )
 
     def _probe_input(self) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
@@ -374,6 +378,11 @@ class GradientMatcher:
         return ghost if agree else None
 
     @property
+    def _names(self) -> set[str]:
+        """The parameters the matched tensors are taken from."""
+        return {s.param for s in self.specs}
+
+    @property
     def needs_ids(self) -> bool:
         """Whether the loss depends on the token ids passed with the embeddings."""
         lm = self.knowledge.global_model.task == "causal_lm"
@@ -389,7 +398,8 @@ class GradientMatcher:
         ``fedavg_match="simulate"`` the simulated delta in gradient units."""
         labels = self.labels or {}
         if self.simulator is not None:
-            by_name = self.simulator.pseudo_gradient(embeds, labels, ids)
+            rows = self.simulator.table_rows(ids)
+            by_name = self.simulator.pseudo_gradient(embeds, labels, ids, rows, self._names)
             return [s.take(by_name[s.param]) for s in self.specs]
         return self._autograd_gradients(embeds, labels, ids, create_graph)
 
@@ -481,13 +491,17 @@ class GradientMatcher:
         module = self._loss_module
         simulator = self.simulator
 
+        rows = None
+
         def one(candidate: torch.Tensor, candidate_ids: torch.Tensor | None) -> torch.Tensor:
             def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
                 named = {f"model.{n}": t for n, t in p.items()}
                 return functional_call(module, named, (candidate, labels, candidate_ids))
 
             if simulator is not None:
-                by_name = simulator.pseudo_gradient(candidate, labels, candidate_ids)
+                by_name = simulator.pseudo_gradient(
+                    candidate, labels, candidate_ids, rows, self._names
+                )
             else:
                 by_name = grad(loss_of)(params)
             return self.distance([s.take(by_name[s.param]) for s in self.specs], self.targets)
@@ -497,7 +511,10 @@ class GradientMatcher:
         with torch.no_grad():
             for start in range(0, embeds.shape[0], chunk):
                 part = slice(start, start + chunk)
-                out.append(batched(embeds[part], None if ids is None else ids[part]))
+                part_ids = None if ids is None else ids[part]
+                if simulator is not None:  # the rows of the whole chunk (unique is not vmapped)
+                    rows = simulator.table_rows(part_ids)
+                out.append(batched(embeds[part], part_ids))
         return torch.cat(out)
 
     def candidate_numel(self) -> int:
@@ -513,6 +530,12 @@ class GradientMatcher:
         if self.simulator is not None:
             return self.simulator.state_numel() * rows
         return sum(p.numel() for p in self.params) * rows
+
+
+def _get(model: nn.Module, name: str) -> torch.Tensor:
+    """The parameter ``name`` (a dotted path) of ``model``, tied aliases included."""
+    owner, _, attribute = name.rpartition(".")
+    return getattr(model.get_submodule(owner) if owner else model, attribute)
 
 
 @contextmanager

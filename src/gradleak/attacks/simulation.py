@@ -30,6 +30,11 @@ What the simulation assumes, and when it is exact (a test checks the exact cases
   input is ``x + (W_t - W_0)[ids]``: exactly ``W_t[ids]`` at the truth, and the table's
   gradient gets the input side by autograd's scatter-add, as ``nn.Embedding`` would (the padding
   row excepted, as ``padding_idx`` does). Without ids the drift is left out.
+
+Cost. Where the table only feeds the input (not tied to an output head), only its rows that
+the batch reads ever get a gradient, so the replay carries just those rows (any superset gives
+the same numbers: a row without gradient stays put under SGD and Adam alike). On MiniLM the
+table is half of the 22.7M weights, and its dense updates were half of a replay's time.
 """
 
 from __future__ import annotations
@@ -148,11 +153,32 @@ _STEPS: dict[str, Callable[[Params, Params, dict, float], Params]] = {"sgd": _sg
 
 
 @dataclass(frozen=True)
+class TableRows:
+    """Which token-embedding rows a replay carries, and where each token's row sits."""
+
+    index: torch.Tensor  # [U] table rows, sorted
+    slot: torch.Tensor  # [V] position of a token's row in ``index`` (0 where not carried)
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, vocab_size: int) -> TableRows:
+        index = ids.flatten().unique()
+        slot = torch.zeros(vocab_size, dtype=torch.long)
+        slot[index] = torch.arange(len(index))
+        return cls(index=index, slot=slot)
+
+    def local(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.slot[ids]
+
+
+@dataclass(frozen=True)
 class EmbeddingTable:
-    """The trained token-embedding table: its parameter name and padding row (if any)."""
+    """The trained token-embedding table: its parameter name, padding row (if any), and
+    whether the input lookup is its only use (not tied to an output head), so a replay may
+    carry only the rows the batch reads."""
 
     name: str
     padding_idx: int | None
+    input_only: bool = False
 
 
 class LocalTrainingSimulator:
@@ -200,32 +226,54 @@ class LocalTrainingSimulator:
         per_entry = 4 if self.facts.optimizer == "adam" else 2
         return per_entry * sum(t.numel() for t in self.initial.values())
 
+    def table_rows(self, ids: torch.Tensor | None) -> TableRows | None:
+        """The table rows a replay on ``ids`` must carry (None: the whole table, or no table
+        drift at all). Under ``vmap`` pass the rows of the whole chunk, computed outside."""
+        if self.table is None or ids is None or not self.table.input_only:
+            return None
+        return TableRows.of(ids, self.initial[self.table.name].shape[0])
+
     def delta(
         self,
         embeds: torch.Tensor,
         labels: dict[str, torch.Tensor],
         ids: torch.Tensor | None = None,
+        rows: TableRows | None = None,
+        names: set[str] | None = None,
     ) -> Params:
-        """``w_E - w_0`` of every trained parameter after E epochs on ``embeds`` ([B, L, d])."""
+        """``w_E - w_0`` of the trained parameters (those in ``names``, default all) after E
+        epochs on ``embeds`` ([B, L, d]). ``rows`` carries only those table rows (see
+        :meth:`table_rows`); the table's delta, if asked for, is then scattered back."""
         facts = self.facts
         params = dict(self.initial)
+        if rows is not None:
+            params[self.table.name] = self.initial[self.table.name][rows.index]
+        start = dict(params)
         state: dict = {}
         for _ in range(facts.epochs):
-            for rows in facts.batches:
-                grads = grad(self._batch_loss)(params, embeds, labels, ids, rows)
+            for batch_rows in facts.batches:
+                grads = grad(self._batch_loss)(params, embeds, labels, ids, batch_rows, rows)
                 params = self._step(params, grads, state, facts.lr)
-        return {n: params[n] - self.initial[n] for n in params}
+        wanted = set(params) if names is None else set(params) & names
+        out = {n: params[n] - start[n] for n in wanted}
+        if rows is not None and self.table.name in out:
+            dense = torch.zeros_like(self.initial[self.table.name])
+            out[self.table.name] = dense.index_put((rows.index,), out[self.table.name])
+        return out
 
     def pseudo_gradient(
         self,
         embeds: torch.Tensor,
         labels: dict[str, torch.Tensor],
         ids: torch.Tensor | None = None,
+        rows: TableRows | None = None,
+        names: set[str] | None = None,
     ) -> Params:
         """The simulated delta in gradient units, ``-delta / (steps * lr)``: the scale the
         received update is matched in (see ``GradientMatcher``)."""
         scale = -1.0 / (self.facts.steps * self.facts.lr)
-        return {n: scale * d for n, d in self.delta(embeds, labels, ids).items()}
+        delta = self.delta(embeds, labels, ids, rows, names)
+        return {n: scale * d for n, d in delta.items()}
 
     def _batch_loss(
         self,
@@ -233,21 +281,27 @@ class LocalTrainingSimulator:
         embeds: torch.Tensor,
         labels: dict[str, torch.Tensor],
         ids: torch.Tensor | None,
-        rows: list[int],
+        batch_rows: list[int],
+        rows: TableRows | None,
     ) -> torch.Tensor:
         """The task loss of one local batch, trimmed to its longest row like the client's."""
-        index = torch.tensor(rows)
+        index = torch.tensor(batch_rows)
         mask = self.attention_mask[index]
         width = int(mask.sum(dim=1).max())
         inputs = embeds[index, :width]
         sub_ids = None if ids is None else ids[index, :width]
+        carried = dict(params)
         if self.table is not None and sub_ids is not None:
-            drift = (params[self.table.name] - self.initial[self.table.name])[sub_ids]
+            name = self.table.name
+            if rows is None:
+                drift = (params[name] - self.initial[name])[sub_ids]
+            else:  # only the carried rows: the module keeps its own (unread) table
+                drift = (carried.pop(name) - self.initial[name][rows.index])[rows.local(sub_ids)]
             if self.table.padding_idx is not None:
                 drift = drift * (sub_ids != self.table.padding_idx)[..., None]
             inputs = inputs + drift
         token_types = None if self.token_type_ids is None else self.token_type_ids[index, :width]
-        named = {self.prefix + n: t for n, t in params.items()}
+        named = {self.prefix + n: t for n, t in carried.items()}
         return functional_call(
             self.loss_module,
             named,
