@@ -7,6 +7,7 @@ stopped, cell by cell and, inside a cell, input by input.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -72,12 +73,47 @@ def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str
     for name, fields in cells:
         config = validate_config(**fields)
         path = out_dir / suite / f"{name}.json"
+        path = _twin(out_dir, path, config) or path
         record = _finished(path, config.model_dump(mode="json"))
         if record is None:
             record = _unfinished(path, config)
         if record is not None:
             rows.append(_row(name, record))
     return rows
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(path.name + ".partial.jsonl")
+
+
+def _twin(out_dir: Path, path: Path, config: RunConfig) -> Path | None:
+    """Another suite's run of the same config, for a cell that has none of its own (LAMP_cos
+    on CoLA B=1 is a cell of the main table, the ablation and the dropout table): the path of
+    its finished record, or else of its interrupted run."""
+    if path.exists() or _partial(path).exists():
+        return None
+    dumped = config.model_dump(mode="json")
+    for other in sorted(out_dir.glob("*/*.json")):
+        if other != path and _finished(other, dumped) is not None:
+            return other
+    for other in sorted(out_dir.glob("*/*.json.partial.jsonl")):
+        with other.open(encoding="utf-8") as handle:
+            header = json.loads(handle.readline() or "{}")
+        if header.get("config") == config.identity():
+            return other.with_name(other.name.removesuffix(".partial.jsonl"))
+    return None
+
+
+def _adopt(out_dir: Path, path: Path, config: RunConfig) -> None:
+    """Start a new cell from its twin's record, or resume from the inputs its twin finished."""
+    twin = _twin(out_dir, path, config)
+    if twin is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if twin.exists() and _finished(twin, config.model_dump(mode="json")) is not None:
+        shutil.copyfile(twin, path)
+    else:
+        shutil.copyfile(_partial(twin), _partial(path))
 
 
 def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
@@ -109,6 +145,7 @@ def run_cells(
         path = out_dir / suite / f"{name}.json"
         started = time.perf_counter()
         config = validate_config(**fields)
+        _adopt(out_dir, path, config)
         record = _finished(path, config.model_dump(mode="json"))
         if record is None:
             record = experiment.run(config, out=str(path))
