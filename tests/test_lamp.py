@@ -340,3 +340,15 @@ def test_cli_runs_lamp_and_loads_the_prior_once(tmp_path, monkeypatch):
     )
     experiment.run(config)
     assert loads == ["tiny-gpt2"]
+
+
+@pytest.mark.parametrize("attack", ["tag", "lamp-cos"])
+def test_a_non_finite_update_stops_the_input_with_a_message(tiny_victim, attack, tmp_path):
+    """A received tensor holding inf makes the matching loss non-finite: the attack stops that
+    input with a message naming the step (a run records it as a failed input and goes on)."""
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim)
+    key = next(k for k in update.tensors if "query.weight" in k)
+    update.tensors[key] = torch.full_like(update.tensors[key], float("inf"))
+    with pytest.raises(optimization.AttackFailed, match="non-finite|became"):
+        make_attack(attack, steps=5, **TINY_LAMP).run(update, knowledge, seed=0)

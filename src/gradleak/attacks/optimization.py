@@ -386,6 +386,11 @@ class OptimizationAttack:
             # Only the dummy embeddings' gradient: backward() would also fill every matched
             # parameter's .grad (second-order terms included), which nothing reads.
             (dummy.free.grad,) = torch.autograd.grad(loss, [dummy.free])
+            if not torch.isfinite(dummy.free.grad).all():  # Adam would spread it everywhere
+                raise AttackFailed(
+                    f"{self.name}: the gradient of the matching loss became non-finite at step "
+                    f"{step} (loss {loss.item():.4g})"
+                )
             optimizer.step()
             scheduler.step()
             if self._discrete_due(step):
