@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from report import write_results
 from gradleak.attacks import make_attack
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
 from gradleak.attacks.optimization import DummyBatch
+from gradleak.attacks.prior import CausalLMPrior
 from gradleak.data import demo_examples, load_examples, sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
@@ -128,10 +130,17 @@ def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: in
         print(f"wrote {path}")
 
 
+def _one_by_one_prior(attack, knowledge) -> CausalLMPrior:
+    model, tokenizer = attack._prior_model
+    name = attack.settings.prior
+    return CausalLMPrior(name, model, tokenizer, knowledge.tokenizer, 1, tree_nodes=0, memo=0)
+
+
 def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
     """LAMP_cos on CoLA's first ``batches`` inputs at the paper budget, prior included: the
     attack as it runs (batched scoring) and with the reference's one-candidate-at-a-time
-    scoring of the same start and discrete candidates, in one run, same seed."""
+    scoring of the same start and discrete candidates (the prior too: one text per forward
+    pass, no memory of texts already scored), in one run, same seed."""
     started = time.perf_counter()
     examples = load_examples("cola", data_dir, None, None)
     rows = []
@@ -140,6 +149,8 @@ def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
         for label, chunk in (("batched", None), ("one by one (reference)", 0)):
             attack = make_attack("lamp-cos", score_batch=chunk)
             attack.prepare()  # the prior model loads outside the timed attack
+            if chunk == 0:  # the reference's prior: one text per forward pass, nothing kept
+                attack.prior_for = partial(_one_by_one_prior, attack)
             begin = time.perf_counter()
             result = attack.run(update, knowledge, seed=0)
             seconds = time.perf_counter() - begin

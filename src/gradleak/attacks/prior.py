@@ -123,7 +123,9 @@ class CausalLMPrior:
     """A causal LM as a prior; scores many candidates in a few forward passes.
 
     Scores are remembered (up to ``memo`` texts): LAMP's rounds propose many of the same
-    reorderings again, and the prior model is frozen.
+    reorderings again, and the prior model is frozen. ``tree_nodes=0`` scores padded batches of
+    ``chunk`` texts instead of prefix trees (``chunk=1, tree_nodes=0, memo=0`` is the
+    reference's one text per forward pass).
     """
 
     def __init__(
@@ -169,7 +171,8 @@ class CausalLMPrior:
         fresh = {key: (0.0, 0) for key in todo if len(key) < 2}  # nothing to predict
         todo = [key for key in todo if len(key) >= 2]
         if todo:
-            fresh |= self._score_trees(todo) if self._trees_work() else self._score_padded(todo)
+            trees = self.tree_nodes > 0 and self._trees_work()
+            fresh |= self._score_trees(todo) if trees else self._score_padded(todo)
         found = {key: self._scores.get(key) or fresh[key] for key in inputs}
         self._remember(fresh)
         sums = torch.tensor([found[key][0] for key in inputs], dtype=torch.float64)
