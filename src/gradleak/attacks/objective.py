@@ -303,8 +303,8 @@ class GradientMatcher:
         trained = [n for n, p in gm.model.named_parameters() if p.requires_grad]
         embedding = gm.adapter.token_embedding(unwrap(self.model))
         table = next((n for n in trained if params[n] is embedding.weight), None)
-        aliases = [n for n, p in self.model.named_parameters(remove_duplicate=False)]
-        aliases = [n for n in aliases if _get(self.model, n) is embedding.weight]
+        every_name = self.model.named_parameters(remove_duplicate=False)
+        aliases = [n for n, p in every_name if p is embedding.weight]  # >1: tied to a head
         return LocalTrainingSimulator(
             self._loss_module,
             prefix="model.",
@@ -491,7 +491,7 @@ class GradientMatcher:
         module = self._loss_module
         simulator = self.simulator
 
-        rows = None
+        rows = None  # the current chunk's table rows, set below (read when ``one`` runs)
 
         def one(candidate: torch.Tensor, candidate_ids: torch.Tensor | None) -> torch.Tensor:
             def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -530,12 +530,6 @@ class GradientMatcher:
         if self.simulator is not None:
             return self.simulator.state_numel() * rows
         return sum(p.numel() for p in self.params) * rows
-
-
-def _get(model: nn.Module, name: str) -> torch.Tensor:
-    """The parameter ``name`` (a dotted path) of ``model``, tied aliases included."""
-    owner, _, attribute = name.rpartition(".")
-    return getattr(model.get_submodule(owner) if owner else model, attribute)
 
 
 @contextmanager
