@@ -14,7 +14,7 @@ from typing import Any
 
 from report import write_results
 
-from gradleak import experiment, metrics
+from gradleak import experiment
 from gradleak.config import RunConfig, validate_config
 from gradleak.store import ResultStore
 
@@ -121,16 +121,9 @@ def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
     samples = list(ResultStore(path, config.identity()).load_finished().values())
     if not samples:
         return None
-    scored = [s for s in samples if "error" not in s]
-    summary = {}
-    if scored:
-        summary = metrics.aggregate(
-            [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
-            [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
-        )
     return {
         "samples": samples,
-        "metrics": summary,
+        "metrics": experiment.summarize(samples),
         "timing": {"attack_s": sum(s["attack_s"] for s in samples)},
         "failed_inputs": [s["index"] for s in samples if "error" in s],
     }

@@ -205,17 +205,21 @@ def run(config: RunConfig, out: str | None = None, progress: Progress | None = N
     return record
 
 
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's metrics over its scored samples (failed inputs left out); {} if none."""
+    scored = [s for s in samples if "error" not in s]
+    if not scored:
+        return {}
+    return metrics.aggregate(
+        [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
+        [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
+    )
+
+
 def build_record(
     config: RunConfig, prepared: Prepared, samples: list[dict[str, Any]], total_s: float
 ) -> dict[str, Any]:
-    scored = [s for s in samples if "error" not in s]
-    if scored:
-        summary = metrics.aggregate(
-            [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
-            [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
-        )
-    else:
-        summary = {}
+    summary = summarize(samples)
     dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
     return {
         "gradleak_version": __version__,
