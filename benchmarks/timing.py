@@ -160,7 +160,7 @@ def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
                     "input": index,
                     "scoring": label,
                     "s/input": seconds,
-                    **{f"{phase} s": value for phase, value in result.info["seconds"].items()},
+                    **{f"{phase} s": value for phase, value in result.seconds.items()},
                     "prediction": text,
                 }
             )

@@ -140,6 +140,7 @@ def attack_one(
     return evaluate(index, tokenizer, references_ids, reconstruction.token_ids, pairing) | {
         "labels": [ex.label for ex in batch_examples],
         "attack_s": attack_s,
+        "phase_s": reconstruction.seconds,
         "info": reconstruction.info,
     }
 
@@ -251,5 +252,6 @@ def _public_sample(sample: dict[str, Any]) -> dict[str, Any]:
         "metrics": {"strict": strict.means, "paper": dict(paper.means)},
         "matching": strict.matching,
         "attack_s": sample["attack_s"],
+        "phase_s": sample.get("phase_s", {}),
         "info": sample.get("info", {}),
     }

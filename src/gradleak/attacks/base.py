@@ -15,6 +15,9 @@ class Reconstruction:
 
     token_ids: list[list[int]]
     info: dict[str, Any] = field(default_factory=dict)
+    # Wall seconds of the attack's phases: how it ran, not what it found (a run with the same
+    # seed reproduces ``token_ids`` and ``info``, never these).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class AttackFailed(Exception):

@@ -340,7 +340,8 @@ class OptimizationAttack:
                 "batch_order": "dummy order as given, every epoch",
                 "order_reproducible": facts.order_reproducible,
             }
-        return Reconstruction(token_ids=token_ids, info=info)
+        seconds = info.pop("seconds")
+        return Reconstruction(token_ids=token_ids, info=info, seconds=seconds)
 
     def _score_chunk(self, matcher: GradientMatcher) -> int:
         """Candidates per vectorized scoring call, within a fixed memory budget."""
