@@ -158,13 +158,14 @@ class TableRows:
 
     index: torch.Tensor  # [U] table rows, sorted
     slot: torch.Tensor  # [V] position of a token's row in ``index`` (0 where not carried)
+    start: torch.Tensor  # [U, d] the carried rows' global weights
 
     @classmethod
-    def of(cls, ids: torch.Tensor, vocab_size: int) -> TableRows:
+    def of(cls, ids: torch.Tensor, table: torch.Tensor) -> TableRows:
         index = ids.flatten().unique()
-        slot = torch.zeros(vocab_size, dtype=torch.long)
+        slot = torch.zeros(table.shape[0], dtype=torch.long)
         slot[index] = torch.arange(len(index))
-        return cls(index=index, slot=slot)
+        return cls(index=index, slot=slot, start=table[index])
 
     def local(self, ids: torch.Tensor) -> torch.Tensor:
         return self.slot[ids]
@@ -231,7 +232,7 @@ class LocalTrainingSimulator:
         drift at all). Under ``vmap`` pass the rows of the whole chunk, computed outside."""
         if self.table is None or ids is None or not self.table.input_only:
             return None
-        return TableRows.of(ids, self.initial[self.table.name].shape[0])
+        return TableRows.of(ids, self.initial[self.table.name])
 
     def delta(
         self,
@@ -247,7 +248,7 @@ class LocalTrainingSimulator:
         facts = self.facts
         params = dict(self.initial)
         if rows is not None:
-            params[self.table.name] = self.initial[self.table.name][rows.index]
+            params[self.table.name] = rows.start
         start = dict(params)
         state: dict = {}
         for _ in range(facts.epochs):
@@ -296,7 +297,7 @@ class LocalTrainingSimulator:
             if rows is None:
                 drift = (params[name] - self.initial[name])[sub_ids]
             else:  # only the carried rows: the module keeps its own (unread) table
-                drift = (carried.pop(name) - self.initial[name][rows.index])[rows.local(sub_ids)]
+                drift = (carried.pop(name) - rows.start)[rows.local(sub_ids)]
             if self.table.padding_idx is not None:
                 drift = drift * (sub_ids != self.table.padding_idx)[..., None]
             inputs = inputs + drift
