@@ -43,11 +43,17 @@ def cell(
 
 
 def run_suite(
-    out_dir: Path, suite: str, cells: list[Cell], only: str | None = None, report: bool = False
+    out_dir: Path,
+    suite: str,
+    cells: list[Cell],
+    only: str | None = None,
+    report: bool = False,
+    limit: int | None = None,
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
-    ``report`` runs nothing: the table is rebuilt from the cells already finished."""
+    ``report`` runs nothing: the table is rebuilt from the cells already finished. ``limit``
+    runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later."""
     cells = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     if report:
@@ -60,8 +66,10 @@ def run_suite(
             "line below describes the process that wrote this table."
         )
     else:
-        rows = run_cells(out_dir, suite, cells)
-        notes = f"{len(cells)} cells."
+        rows = run_cells(out_dir, suite, cells, limit)
+        notes = f"{len(cells)} cells." + (
+            f" At most the first {limit} inputs of each cell so far (see inputs)." if limit else ""
+        )
     for path in write_results(out_dir, suite, rows, started, notes=notes):
         print(f"wrote {path}")
 
@@ -130,9 +138,10 @@ def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
 
 
 def run_cells(
-    out_dir: Path, suite: str, cells: list[tuple[str, dict[str, Any]]]
+    out_dir: Path, suite: str, cells: list[Cell], limit: int | None = None
 ) -> list[dict[str, Any]]:
-    """Run every cell (skipping finished ones) and return one summary row per cell."""
+    """Run every cell (skipping finished ones; at most ``limit`` inputs of each) and return
+    one summary row per cell."""
     rows = []
     for name, fields in cells:
         path = out_dir / suite / f"{name}.json"
@@ -141,7 +150,7 @@ def run_cells(
         _adopt(out_dir, path, config)
         record = _finished(path, config.model_dump(mode="json"))
         if record is None:
-            record = experiment.run(config, out=str(path))
+            record = experiment.run(config, out=str(path), limit=limit)
         rows.append(_row(name, record))
         print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
     return rows

@@ -22,6 +22,8 @@ Suites:
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.
+--limit N fills a table N inputs per cell at a time: the cells stay part-way, --report shows
+them, and the next call resumes each cell where it stopped.
 
 Results go to ``benchmarks/results/<suite>.json`` and ``.md`` (ignored by git).
 """
@@ -62,6 +64,12 @@ def main() -> None:
         "results go to <out>/steps-N so they never mix with full-budget ones)",
     )
     parser.add_argument(
+        "--limit",
+        type=int,
+        help="run only each cell's first N inputs now (of --batches); the cells stay part-way "
+        "and a later call resumes them",
+    )
+    parser.add_argument(
         "--report", action="store_true", help="run nothing: rebuild the tables from stored results"
     )
     args = parser.parse_args()
@@ -74,7 +82,7 @@ def main() -> None:
             cells = CELL_SUITES[suite](args.batches, args.data_dir)
             if args.steps:
                 cells = [(name, with_steps(fields, args.steps)) for name, fields in cells]
-            run_suite(out, suite, cells, args.only, args.report)
+            run_suite(out, suite, cells, args.only, args.report, args.limit)
 
 
 def with_steps(fields: dict, steps: int) -> dict:

@@ -81,6 +81,35 @@ def test_interrupted_run_resumes_without_redoing_finished_inputs(tmp_path, monke
     assert len(json.loads(out.read_text())["samples"]) == 3
 
 
+def test_a_limited_run_stays_part_way_and_a_later_run_finishes_it(tmp_path, monkeypatch):
+    from gradleak import experiment
+    from gradleak.config import validate_config
+    from gradleak.errors import GradleakError
+
+    out = tmp_path / "run.json"
+    calls = []
+    original = experiment.attack_one
+
+    def counted(config, prepared, index, batch):
+        calls.append(index)
+        return original(config, prepared, index, batch)
+
+    monkeypatch.setattr(experiment, "attack_one", counted)
+    config = validate_config(
+        model="tiny-bert", n_inputs=3, protocol={"mode": "eval"}, attack_settings={"steps": 3}
+    )
+    part = experiment.run(config, out=str(out), limit=2)
+    assert [s["index"] for s in part["samples"]] == [0, 1]
+    assert not out.exists() and (tmp_path / "run.json.partial.jsonl").exists()
+    assert [s["index"] for s in experiment.run(config, out=str(out), limit=1)["samples"]] == [0]
+    whole = experiment.run(config, out=str(out))
+    assert calls == [0, 1, 2]
+    assert whole["samples"][:2] == part["samples"]
+    assert len(json.loads(out.read_text())["samples"]) == 3
+    with pytest.raises(GradleakError, match="limit must be at least 1"):
+        experiment.run(config, limit=0)
+
+
 def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
     out = tmp_path / "run.json"
     (tmp_path / "run.json.partial.jsonl").write_text(json.dumps({"config": {"other": 1}}) + "\n")

@@ -181,28 +181,38 @@ def evaluate(
     }
 
 
-def run(config: RunConfig, out: str | None = None, progress: Progress | None = None) -> dict:
-    """Run ``config`` and return its result record (also written to ``out`` when given)."""
+def run(
+    config: RunConfig,
+    out: str | None = None,
+    progress: Progress | None = None,
+    limit: int | None = None,
+) -> dict:
+    """Run ``config`` and return its result record (also written to ``out`` when given).
+
+    ``limit`` stops after the first ``limit`` inputs: the record then covers only those, and
+    ``out`` keeps them as a part-way run that a later call resumes (a long table can be filled
+    a few inputs per cell at a time, every cell comparable, none redone)."""
+    if limit is not None and limit < 1:
+        raise GradleakError(f"limit must be at least 1 input, got {limit}")
     total_start = time.perf_counter()
     store = ResultStore(out, config.identity())
     finished = store.load_finished()
     prepared = prepare(config)
     store.start()
+    todo = prepared.batches[:limit]
     samples: list[dict[str, Any]] = []
-    update_and_attack_s = 0.0
-    for index, batch_examples in enumerate(prepared.batches):
+    for index, batch_examples in enumerate(todo):
         if index in finished:
             sample = finished[index]
         else:
-            step_start = time.perf_counter()
             sample = attack_one(config, prepared, index, batch_examples)
-            update_and_attack_s += time.perf_counter() - step_start
             store.append(sample)
         samples.append(sample)
         if progress:
-            progress(index + 1, len(prepared.batches), sample)
+            progress(index + 1, len(todo), sample)
     record = build_record(config, prepared, samples, time.perf_counter() - total_start)
-    store.finish(record)
+    if len(samples) == len(prepared.batches):
+        store.finish(record)
     return record
 
 
