@@ -54,6 +54,8 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

@@ -26,6 +26,7 @@ def test_attack_writes_the_documented_record(tmp_path):
     assert len(record["samples"]) == 2
     for sample in record["samples"]:
         assert len(sample["reference"]) == 2 and len(sample["prediction"]) == 2
+        assert 10 < sample["peak_rss_mb"] < 4096  # the process, a tiny model and torch
         assert all(isinstance(t, str) for t in sample["reference"] + sample["prediction"])
     assert set(record["metrics"]["strict"]) == {
         "rouge1",
@@ -47,7 +48,7 @@ def test_same_seed_same_record(tmp_path):
     for out in outs:
         assert invoke("attack", *TINY, "--mode", "train", "--out", str(out)).exit_code == 0
     a, b = (json.loads(o.read_text()) for o in outs)
-    timings = ("attack_s", "phase_s")
+    timings = ("attack_s", "phase_s", "peak_rss_mb")
     strip = lambda r: [{k: v for k, v in s.items() if k not in timings} for s in r["samples"]]  # noqa: E731
     assert strip(a) == strip(b)
 

@@ -29,3 +29,34 @@ def machine() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak-memory window (Linux: the kernel's VmHWM); elsewhere a no-op, and
+    :func:`peak_memory_mb` then reports the process's peak so far."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+def peak_memory_mb() -> float | None:
+    """Peak resident memory of this process, in MiB, since :func:`reset_peak_memory` where the
+    platform supports resetting it (Linux), else since the process started; None if unknown.
+
+    Resident memory is what a user's machine must hold: weights, activations, the prior and
+    the allocator's cache together."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024

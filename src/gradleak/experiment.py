@@ -17,7 +17,7 @@ from gradleak import __version__, metrics
 from gradleak.attacks import Attack, AttackFailed, make_attack
 from gradleak.config import RunConfig
 from gradleak.data import DATASETS, FILE_PREFIX, Example, load_examples, sample_batches
-from gradleak.environment import machine, versions
+from gradleak.environment import machine, peak_memory_mb, reset_peak_memory, versions
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.server import server_knowledge
@@ -119,6 +119,7 @@ def attack_one(
         victim.adapter.max_positions(victim.model),
         config.max_tokens,
     )
+    reset_peak_memory()  # this input's window: the update, the attack and its prior
     update = compute_update(gm, batch, seed=derived_seed(config.seed, index, 0))
     knowledge = server_knowledge(gm, batch, config.known_labels, config.known_lengths)
     attack = prepared.attack
@@ -141,6 +142,7 @@ def attack_one(
         "labels": [ex.label for ex in batch_examples],
         "attack_s": attack_s,
         "phase_s": reconstruction.seconds,
+        "peak_rss_mb": peak_memory_mb(),
         "info": reconstruction.info,
     }
 
@@ -263,5 +265,6 @@ def _public_sample(sample: dict[str, Any]) -> dict[str, Any]:
         "matching": strict.matching,
         "attack_s": sample["attack_s"],
         "phase_s": sample.get("phase_s", {}),
+        "peak_rss_mb": sample.get("peak_rss_mb"),
         "info": sample.get("info", {}),
     }
