@@ -49,11 +49,13 @@ def run_suite(
     only: str | None = None,
     report: bool = False,
     limit: int | None = None,
+    workers: int = 1,
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
     ``report`` runs nothing: the table is rebuilt from the cells already finished. ``limit``
-    runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later."""
+    runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later.
+    ``workers`` attack that many inputs of a cell at once (see ``experiment.run``)."""
     cells = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     if report:
@@ -66,7 +68,7 @@ def run_suite(
             "line below describes the process that wrote this table."
         )
     else:
-        rows = run_cells(out_dir, suite, cells, limit)
+        rows = run_cells(out_dir, suite, cells, limit, workers)
         notes = f"{len(cells)} cells." + (
             f" At most the first {limit} inputs of each cell so far (see inputs)." if limit else ""
         )
@@ -138,7 +140,7 @@ def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
 
 
 def run_cells(
-    out_dir: Path, suite: str, cells: list[Cell], limit: int | None = None
+    out_dir: Path, suite: str, cells: list[Cell], limit: int | None = None, workers: int = 1
 ) -> list[dict[str, Any]]:
     """Run every cell (skipping finished ones; at most ``limit`` inputs of each) and return
     one summary row per cell."""
@@ -150,7 +152,7 @@ def run_cells(
         _adopt(out_dir, path, config)
         record = _finished(path, config.model_dump(mode="json"))
         if record is None:
-            record = experiment.run(config, out=str(path), limit=limit)
+            record = experiment.run(config, out=str(path), limit=limit, workers=workers)
         rows.append(_row(name, record))
         print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
     return rows

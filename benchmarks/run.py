@@ -53,7 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("suites", nargs="*", default=["step_time"], choices=SUITES)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in all")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="inputs of a cell attacked at once (processes)"
+    )
     parser.add_argument("--batches", type=int, default=20, help="inputs (batches) per cell")
     parser.add_argument("--data-dir", default=os.environ.get("GRADLEAK_DATA_DIR"))
     parser.add_argument("--only", help="run only the cells whose name contains this")
@@ -82,7 +85,7 @@ def main() -> None:
             cells = CELL_SUITES[suite](args.batches, args.data_dir)
             if args.steps:
                 cells = [(name, with_steps(fields, args.steps)) for name, fields in cells]
-            run_suite(out, suite, cells, args.only, args.report, args.limit)
+            run_suite(out, suite, cells, args.only, args.report, args.limit, args.workers)
 
 
 def with_steps(fields: dict, steps: int) -> dict:

@@ -111,6 +111,31 @@ def test_a_limited_run_stays_part_way_and_a_later_run_finishes_it(tmp_path, monk
         experiment.run(config, limit=0)
 
 
+def test_inputs_attacked_by_two_worker_processes_match_a_sequential_run(tmp_path):
+    import torch
+
+    from gradleak import experiment
+    from gradleak.config import validate_config
+
+    config = validate_config(
+        model="tiny-bert", n_inputs=3, protocol={"mode": "train"}, attack_settings={"steps": 3}
+    )
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # split between the workers: one thread each
+        parallel = experiment.run(config, out=str(tmp_path / "run.json"), workers=2)
+        torch.set_num_threads(1)
+        sequential = experiment.run(config)
+    finally:
+        torch.set_num_threads(previous)
+    assert (parallel["workers"], parallel["torch_threads"]) == (2, 1)
+    timings = ("attack_s", "phase_s", "peak_rss_mb")
+    strip = lambda r: [{k: v for k, v in s.items() if k not in timings} for s in r["samples"]]  # noqa: E731
+    assert [s["index"] for s in parallel["samples"]] == [0, 1, 2]
+    assert strip(parallel) == strip(sequential)
+    assert json.loads((tmp_path / "run.json").read_text())["workers"] == 2
+
+
 def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
     out = tmp_path / "run.json"
     (tmp_path / "run.json.partial.jsonl").write_text(json.dumps({"config": {"other": 1}}) + "\n")
@@ -129,6 +154,7 @@ def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
         (["--dataset", "file:/nonexistent.txt"], "/nonexistent.txt"),
         (["--batch-size", "0"], "batch-size"),
         (["--n-inputs", "0"], "n-inputs"),
+        (["--workers", "0"], "workers must be at least 1"),
         (["--protocol", "fedprox"], "algorithm"),
         (["--mode", "test"], "mode"),
         (["--share", "99.q"], "share"),

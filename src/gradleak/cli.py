@@ -84,7 +84,7 @@ def print_record(record: dict[str, Any]) -> None:
     console.print(f"time: {t['total_s']:.1f} s total, {t['attack_s']:.1f} s attacking")
 
 
-def run_with_progress(config: RunConfig, out: str | None) -> dict[str, Any]:
+def run_with_progress(config: RunConfig, out: str | None, workers: int = 1) -> dict[str, Any]:
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -97,7 +97,7 @@ def run_with_progress(config: RunConfig, out: str | None) -> dict[str, Any]:
         def advance(done: int, total: int, sample: dict[str, Any]) -> None:
             bar.update(task, completed=done, total=total)
 
-        return experiment.run(config, out=out, progress=advance)
+        return experiment.run(config, out=out, progress=advance, workers=workers)
 
 
 @app.command()
@@ -222,6 +222,9 @@ def attack(
         int | None, typer.Option(help="DAGER: decoder search budget in candidate sequences")
     ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    workers: Annotated[
+        int, typer.Option(help="inputs attacked at once, in processes sharing the threads")
+    ] = 1,
     out: Annotated[str | None, typer.Option(help="write the JSON record here (resumable)")] = None,
 ) -> None:
     """Attack clients of a federated fine-tuning scenario and report what leaked."""
@@ -282,7 +285,7 @@ def attack(
                 "dropout_check": dropout_check,
             },
         )
-        record = run_with_progress(config, out)
+        record = run_with_progress(config, out, workers)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_record(record)

@@ -6,8 +6,10 @@ evaluator; the attack gets only the update and the server's knowledge.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,34 +190,95 @@ def run(
     out: str | None = None,
     progress: Progress | None = None,
     limit: int | None = None,
+    workers: int = 1,
 ) -> dict:
     """Run ``config`` and return its result record (also written to ``out`` when given).
 
     ``limit`` stops after the first ``limit`` inputs: the record then covers only those, and
     ``out`` keeps them as a part-way run that a later call resumes (a long table can be filled
-    a few inputs per cell at a time, every cell comparable, none redone)."""
+    a few inputs per cell at a time, every cell comparable, none redone).
+
+    ``workers`` > 1 attacks that many inputs at once in separate processes, splitting the
+    torch threads between them (see :func:`_attack_in_workers`)."""
     if limit is not None and limit < 1:
         raise GradleakError(f"limit must be at least 1 input, got {limit}")
+    if workers < 1:
+        raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
     total_start = time.perf_counter()
     store = ResultStore(out, config.identity())
     finished = store.load_finished()
     prepared = prepare(config)
     store.start()
-    todo = prepared.batches[:limit]
-    samples: list[dict[str, Any]] = []
-    for index, batch_examples in enumerate(todo):
-        if index in finished:
-            sample = finished[index]
-        else:
-            sample = attack_one(config, prepared, index, batch_examples)
-            store.append(sample)
-        samples.append(sample)
+    wanted = range(len(prepared.batches[:limit]))
+    done = {i: finished[i] for i in wanted if i in finished}
+    pending = [i for i in wanted if i not in done]
+    for count, index in enumerate(sorted(done), 1):
         if progress:
-            progress(index + 1, len(todo), sample)
-    record = build_record(config, prepared, samples, time.perf_counter() - total_start)
+            progress(count, len(wanted), done[index])
+    parallel = workers > 1 and len(pending) > 1
+    threads = worker_threads(workers) if parallel else torch.get_num_threads()
+    if parallel:
+        new_samples = _attack_in_workers(config, pending, workers)
+    else:
+        new_samples = (attack_one(config, prepared, i, prepared.batches[i]) for i in pending)
+    for sample in new_samples:
+        store.append(sample)
+        done[sample["index"]] = sample
+        if progress:
+            progress(len(done), len(wanted), sample)
+    samples = [done[i] for i in wanted]
+    total_s = time.perf_counter() - total_start
+    record = build_record(config, prepared, samples, total_s, threads, workers)
     if len(samples) == len(prepared.batches):
         store.finish(record)
     return record
+
+
+# --- inputs in parallel ----------------------------------------------------------------------
+# One small gradient-matching step uses two threads poorly (MiniLM: 13-token matrix products),
+# so on a laptop two 1-thread processes attacking two inputs finish a table sooner than one
+# 2-thread process. Each input's seeds derive from its index, so results do not depend on
+# which worker ran it; they can differ from a run with another thread count per process in the
+# last float bits (reduction order).
+
+_WORKER: dict[str, Any] = {}  # per worker process: its config and what it prepared
+
+
+def worker_threads(workers: int) -> int:
+    """Torch threads of each of ``workers`` processes: an equal share, at least one."""
+    return max(1, torch.get_num_threads() // workers)
+
+
+def _start_worker(config: RunConfig, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER["config"] = config
+    _WORKER["prepared"] = prepare(config)
+
+
+def _attack_in_worker(index: int) -> dict[str, Any]:
+    config, prepared = _WORKER["config"], _WORKER["prepared"]
+    return attack_one(config, prepared, index, prepared.batches[index])
+
+
+def _attack_in_workers(
+    config: RunConfig, pending: list[int], workers: int
+) -> Iterator[dict[str, Any]]:
+    """Attack ``pending`` inputs in ``workers`` spawned processes, yielding samples as they
+    finish (so the store keeps each at once). Each worker loads the models once and gets an
+    equal share of this process's torch threads (at least one)."""
+    threads = worker_threads(workers)
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
+    with ProcessPoolExecutor(
+        min(workers, len(pending)), mp_context=context, initializer=_start_worker,
+        initargs=(config, threads),
+    ) as pool:  # fmt: skip
+        futures = [pool.submit(_attack_in_worker, i) for i in pending]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:  # an error or an interrupt: stop queued inputs, keep what finished
+            for future in futures:
+                future.cancel()
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -230,7 +293,12 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_record(
-    config: RunConfig, prepared: Prepared, samples: list[dict[str, Any]], total_s: float
+    config: RunConfig,
+    prepared: Prepared,
+    samples: list[dict[str, Any]],
+    total_s: float,
+    threads: int,
+    workers: int = 1,
 ) -> dict[str, Any]:
     summary = summarize(samples)
     dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
@@ -249,7 +317,8 @@ def build_record(
         },
         "versions": versions(),
         "machine": machine(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,  # of each process that attacked
+        "workers": workers,
     }
 
 
