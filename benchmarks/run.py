@@ -6,6 +6,8 @@ Suites:
   discrete_round LAMP_cos's discrete round on MiniLM, batched vs one-by-one scoring.
   input_time     LAMP_cos per CoLA input at the paper budget, batched vs one-by-one scoring
                  (--batches inputs; each phase's seconds).
+  throughput     LAMP_cos on --batches CoLA inputs at the paper budget: one process with
+                 --threads threads vs two worker processes sharing them (wall s per input).
   lamp_main      DLG, TAG, LAMP_cos, LAMP_L2+L1 on MiniLM, CoLA / SST-2 / RT, B=1, eval mode.
   lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.

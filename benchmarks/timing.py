@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 from report import write_results
 
+from gradleak import experiment
 from gradleak.attacks import make_attack
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
 from gradleak.attacks.optimization import DummyBatch
 from gradleak.attacks.prior import CausalLMPrior
+from gradleak.config import validate_config
 from gradleak.data import demo_examples, load_examples, sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
@@ -177,4 +179,47 @@ def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
         print(f"wrote {path}")
 
 
-SUITES = {"step_time": step_time, "discrete_round": discrete_round, "input_time": input_time}
+def throughput(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """LAMP_cos on CoLA's first ``batches`` inputs at the paper budget, prior included, as a
+    user runs a table: one process with all the torch threads, then two worker processes
+    sharing them (``--workers 2``), in one run. Wall seconds include loading the models."""
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    config = validate_config(
+        model="minilm", dataset="cola", data_dir=data_dir, n_inputs=batches,
+        protocol={"mode": "eval"}, attack="lamp-cos",
+    )  # fmt: skip
+    rows = []
+    for workers in (1, 2):
+        begin = time.perf_counter()
+        record = experiment.run(config, workers=workers)
+        wall = time.perf_counter() - begin
+        paper = record["metrics"]["paper"]
+        rows.append(
+            {
+                "workers": workers,
+                "threads each": record["torch_threads"],
+                "inputs": len(record["samples"]),
+                "wall s/input": wall / len(record["samples"]),
+                "attack s/input (each)": record["timing"]["attack_s"] / len(record["samples"]),
+                "R-1 paper": paper["rouge1"],
+                "R-2 paper": paper["rouge2"],
+                "peak MB (a process)": max(s["peak_rss_mb"] or 0 for s in record["samples"]),
+            }
+        )
+        print(rows[-1], flush=True)
+    notes = (
+        f"LAMP_cos, MiniLM, CoLA B=1, eval mode, paper budget, {threads} torch threads in all. "
+        f"Two workers finish the inputs {rows[0]['wall s/input'] / rows[1]['wall s/input']:.2f}x "
+        "sooner than one process."
+    )
+    for path in write_results(out_dir, "throughput", rows, started, notes):
+        print(f"wrote {path}")
+
+
+SUITES = {
+    "step_time": step_time,
+    "discrete_round": discrete_round,
+    "input_time": input_time,
+    "throughput": throughput,
+}
