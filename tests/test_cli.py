@@ -57,20 +57,26 @@ class PowerCut(Exception):
     pass
 
 
-def test_interrupted_run_resumes_without_redoing_finished_inputs(tmp_path, monkeypatch):
+def record_attacks(monkeypatch, cut_at: int | None = None) -> list[int]:
+    """The inputs the run attacks, in order; ``cut_at``: the call that is interrupted."""
     from gradleak import experiment
 
-    out = tmp_path / "run.json"
-    calls = []
+    calls: list[int] = []
     original = experiment.attack_one
 
-    def flaky(config, prepared, index, batch):
+    def recorded(config, prepared, index, batch):
         calls.append(index)
-        if index == 1 and len(calls) == 2:
-            raise PowerCut  # interrupted while attacking the second input
+        if len(calls) == cut_at:
+            raise PowerCut
         return original(config, prepared, index, batch)
 
-    monkeypatch.setattr(experiment, "attack_one", flaky)
+    monkeypatch.setattr(experiment, "attack_one", recorded)
+    return calls
+
+
+def test_interrupted_run_resumes_without_redoing_finished_inputs(tmp_path, monkeypatch):
+    out = tmp_path / "run.json"
+    calls = record_attacks(monkeypatch, cut_at=2)  # interrupted while attacking the 2nd input
     args = ["attack", *TINY, "--n-inputs", "3", "--out", str(out)]
     with pytest.raises(PowerCut):
         runner.invoke(app, args, catch_exceptions=False)
@@ -88,14 +94,7 @@ def test_a_limited_run_stays_part_way_and_a_later_run_finishes_it(tmp_path, monk
     from gradleak.errors import GradleakError
 
     out = tmp_path / "run.json"
-    calls = []
-    original = experiment.attack_one
-
-    def counted(config, prepared, index, batch):
-        calls.append(index)
-        return original(config, prepared, index, batch)
-
-    monkeypatch.setattr(experiment, "attack_one", counted)
+    calls = record_attacks(monkeypatch)
     config = validate_config(
         model="tiny-bert", n_inputs=3, protocol={"mode": "eval"}, attack_settings={"steps": 3}
     )
