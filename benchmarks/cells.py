@@ -84,7 +84,7 @@ def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str
         config = validate_config(**fields)
         path = out_dir / suite / f"{name}.json"
         path = _twin(out_dir, path, config) or path
-        record = _finished(path, config.model_dump(mode="json"))
+        record = _finished(path, config)
         if record is None:
             record = _unfinished(path, config)
         if record is not None:
@@ -102,9 +102,8 @@ def _twin(out_dir: Path, path: Path, config: RunConfig) -> Path | None:
     its finished record, or else of its interrupted run."""
     if path.exists() or _partial(path).exists():
         return None
-    dumped = config.model_dump(mode="json")
     for other in sorted(out_dir.glob("*/*.json")):
-        if other != path and _finished(other, dumped) is not None:
+        if other != path and _finished(other, config) is not None:
             return other
     for other in sorted(out_dir.glob("*/*.json.partial.jsonl")):
         with other.open(encoding="utf-8") as handle:
@@ -120,7 +119,7 @@ def _adopt(out_dir: Path, path: Path, config: RunConfig) -> None:
     if twin is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    if twin.exists() and _finished(twin, config.model_dump(mode="json")) is not None:
+    if twin.exists() and _finished(twin, config) is not None:
         shutil.copyfile(twin, path)
     else:
         shutil.copyfile(_partial(twin), _partial(path))
@@ -150,7 +149,7 @@ def run_cells(
         started = time.perf_counter()
         config = validate_config(**fields)
         _adopt(out_dir, path, config)
-        record = _finished(path, config.model_dump(mode="json"))
+        record = _finished(path, config)
         if record is None:
             record = experiment.run(config, out=str(path), limit=limit, workers=workers)
         rows.append(_row(name, record))
@@ -177,12 +176,14 @@ def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _finished(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The cell's record if an earlier run of the same config completed it."""
+def _finished(path: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The cell's record if an earlier run of the same config completed it (wherever its data
+    folder was: a run's identity leaves it out)."""
     if not path.exists():
         return None
     record = json.loads(path.read_text(encoding="utf-8"))
-    same = _without_unset(record.get("config")) == _without_unset(config)
+    stored = {k: v for k, v in record.get("config", {}).items() if k != "data_dir"}
+    same = _without_unset(stored) == _without_unset(config.identity())
     return record if same else None
 
 
