@@ -6,6 +6,7 @@ evaluator; the attack gets only the update and the server's knowledge.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator
@@ -88,13 +89,18 @@ class Prepared:
     attack: Attack  # built once: what it loads (an LM prior) serves every input
 
 
+def build_attack(config: RunConfig) -> Attack:
+    """The configured attack, nothing loaded yet."""
+    return make_attack(config.attack, **config.attack_settings.model_dump())
+
+
 def prepare(config: RunConfig) -> Prepared:
     """Load data, model and attack settings; every user error surfaces here, before any work."""
     start = time.perf_counter()
     examples = load_examples(config.dataset, config.data_dir, config.split, config.encoding)
     batches = sample_batches(examples, config.n_inputs, config.batch_size, seed=config.sample_seed)
     task = config.task or default_task(config.dataset, examples)
-    attack = make_attack(config.attack, **config.attack_settings.model_dump())
+    attack = build_attack(config)
     setup = getattr(attack, "prepare", None)  # optional hook: load a prior, fail early
     if callable(setup):
         setup()
@@ -217,7 +223,8 @@ def run(
             progress(count, len(wanted), done[index])
     parallel = workers > 1 and len(pending) > 1
     threads = worker_threads(workers) if parallel else torch.get_num_threads()
-    if parallel:
+    if parallel:  # each worker loads its own prior: this process's copy would only hold memory
+        prepared = dataclasses.replace(prepared, attack=build_attack(config))
         new_samples = _attack_in_workers(config, pending, workers)
     else:
         new_samples = (attack_one(config, prepared, i, prepared.batches[i]) for i in pending)
@@ -228,7 +235,7 @@ def run(
             progress(len(done), len(wanted), sample)
     samples = [done[i] for i in wanted]
     total_s = time.perf_counter() - total_start
-    record = build_record(config, prepared, samples, total_s, threads, workers)
+    record = build_record(config, prepared, samples, total_s, threads, workers if parallel else 1)
     if len(samples) == len(prepared.batches):
         store.finish(record)
     return record
