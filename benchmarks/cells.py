@@ -182,7 +182,7 @@ def _finished(path: Path, config: RunConfig) -> dict[str, Any] | None:
     if not path.exists():
         return None
     record = json.loads(path.read_text(encoding="utf-8"))
-    stored = {k: v for k, v in record.get("config", {}).items() if k != "data_dir"}
+    stored = RunConfig.identity_of(record.get("config", {}))
     same = _without_unset(stored) == _without_unset(config.identity())
     return record if same else None
 

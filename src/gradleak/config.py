@@ -68,7 +68,15 @@ class RunConfig(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """What a stored partial run must agree on to be resumed (the data dir may move)."""
-        return self.model_dump(mode="json", exclude={"data_dir"})
+        return self.model_dump(mode="json", exclude=_NOT_IDENTITY)
+
+    @staticmethod
+    def identity_of(stored: dict[str, Any]) -> dict[str, Any]:
+        """The identity part of a config as a record stores it (its ``config`` entry)."""
+        return {k: v for k, v in stored.items() if k not in _NOT_IDENTITY}
+
+
+_NOT_IDENTITY = {"data_dir"}  # fields a run may change and still be the same run
 
 
 def validate_config(**fields: Any) -> RunConfig:
