@@ -127,7 +127,9 @@ class LocalTraining:
 
 
 def _sgd(params: Params, grads: Params, state: dict, lr: float) -> Params:
-    return {n: p - lr * grads[n] for n, p in params.items()}
+    """One step of torch.optim.SGD (no momentum): ``p.add_(g, alpha=-lr)``, one rounding per
+    entry as the client's, in one pass (``p - lr * g`` takes two)."""
+    return {n: torch.add(p, grads[n], alpha=-lr) for n, p in params.items()}
 
 
 def _safe_sqrt(x: torch.Tensor) -> torch.Tensor:
