@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -256,10 +258,26 @@ def worker_threads(workers: int) -> int:
     return max(1, torch.get_num_threads() // workers)
 
 
-def _start_worker(config: RunConfig, threads: int) -> None:
+def _start_worker(config: RunConfig, threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
+    _exit_with_parent(parent)
     _WORKER["config"] = config
     _WORKER["prepared"] = prepare(config)
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this worker within ``poll_s`` of the death of ``parent`` (the run's pid, passed
+    down: if the run died while this worker was still starting, it ends at once).
+
+    A run killed outright (SIGTERM, SIGKILL, a scheduler's time limit) runs no cleanup, and its
+    workers would go on attacking inputs whose results nobody will store, holding the cores."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _attack_in_worker(index: int) -> dict[str, Any]:
@@ -272,20 +290,41 @@ def _attack_in_workers(
 ) -> Iterator[dict[str, Any]]:
     """Attack ``pending`` inputs in ``workers`` spawned processes, yielding samples as they
     finish (so the store keeps each at once). Each worker loads the models once and gets an
-    equal share of this process's torch threads (at least one)."""
+    equal share of this process's torch threads (at least one).
+
+    An error or an interrupt stops the workers at once: the inputs they were on are lost either
+    way, and waiting for them would only hold the cores."""
     threads = worker_threads(workers)
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
     with ProcessPoolExecutor(
         min(workers, len(pending)), mp_context=context, initializer=_start_worker,
-        initargs=(config, threads),
+        initargs=(config, threads, os.getpid()),
     ) as pool:  # fmt: skip
         futures = [pool.submit(_attack_in_worker, i) for i in pending]
         try:
             for future in as_completed(futures):
                 yield future.result()
-        finally:  # an error or an interrupt: stop queued inputs, keep what finished
-            for future in futures:
-                future.cancel()
+        except BaseException:  # an error, an interrupt, or the consumer stopped early
+            _stop_workers(pool)
+            raise
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued inputs and end the workers now (``terminate_workers`` from Python
+    3.14 on; before it the same by hand)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    processes = list((pool._processes or {}).values())  # noqa: SLF001  the 3.11-3.13 way
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
