@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -153,7 +154,9 @@ def test_fedavg_adam_moves_weights(tiny_victim):
 def test_lora_update_holds_only_adapter_tensors(tiny_victim, name):
     victim = tiny_victim(name)
     protocol = Protocol(mode="eval", lora={"rank": 4, "roles": ("q", "v")})
-    gm = GlobalModel.build(victim, protocol)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecation noise in every run
+        gm = GlobalModel.build(victim, protocol)
     update = compute_update(gm, encode(victim), seed=0)
     assert update.tensors
     assert all(".lora_A." in k or ".lora_B." in k for k in update.tensors), list(update.tensors)

@@ -8,6 +8,7 @@ q, k, v attention projections, o attention output, f FFN in, p FFN out). Example
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -177,4 +178,8 @@ def _wrap_lora(model: nn.Module, adapter: ModelAdapter, lora: LoraSettings) -> n
         bias="none",
         fan_in_fan_out=adapter.family == "gpt2",
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft still reads a renamed transformers property
+        warnings.filterwarnings(
+            "ignore", "`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(model, config)
