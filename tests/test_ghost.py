@@ -74,11 +74,9 @@ def test_ghost_applies_only_where_it_is_exact(tiny_victim):
     # TAG's L1 term and squared L2 near the truth need the materialized gradient
     assert matcher_for(victim, Protocol(mode="eval"), DISTANCES["tag"])[1].ghost is None
     assert matcher_for(victim, Protocol(mode="eval"), DISTANCES["l2"])[1].ghost is None
-    fedavg = Protocol(mode="eval", algorithm="fedavg", epochs=2, lr=1e-3)
+    fedavg = Protocol(mode="eval", algorithm="fedavg", epochs=1, lr=1e-3)
     assert matcher_for(victim, fedavg, fedavg_match="simulate")[1].ghost is None
     assert matcher_for(victim, fedavg)[1].ghost is not None  # the pseudo-gradient is plain
-    one_step = Protocol(mode="eval", algorithm="fedavg", epochs=1, lr=1e-3)
-    assert matcher_for(victim, one_step, fedavg_match="simulate")[1].ghost is not None
 
 
 def test_a_module_without_a_rule_is_refused():

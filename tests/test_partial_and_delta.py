@@ -217,23 +217,17 @@ def test_a_table_tied_to_the_output_head_is_replayed_whole(tiny_victim):
     assert matcher.simulator.table_rows(batch.input_ids) is None  # the head reads every row
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 4}], ids=["full", "lora"])
-def test_one_sgd_step_is_matched_as_its_gradient_which_equals_the_replay(tiny_victim, lora):
-    """E = 1, b = n_k: one SGD step, where -delta / lr is the gradient. Simulate mode skips the
-    replay for it, and that is the same function: the replay gives the same loss."""
+def test_one_sgd_step_simulated_is_the_pseudo_gradient(tiny_victim):
+    """E = 1, b = n_k: one SGD step, where -delta / lr is the gradient; both modes agree."""
     victim = tiny_victim("tiny-bert")
-    protocol = Protocol(algorithm="fedavg", mode="eval", epochs=1, lr=1e-2, lora=lora)
+    protocol = Protocol(algorithm="fedavg", mode="eval", epochs=1, lr=1e-2)
     batch, _, update, knowledge = scenario(victim, protocol)
     pseudo = GradientMatcher(update, knowledge, l2_distance)
     simulate = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
-    assert simulate.simulator is None and simulate.local_round.steps == 1
-    replay = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
-    replay.simulator = replay._simulator(dict(replay.model.named_parameters()), replay.local_round)
     embeds = torch.randn(*batch.input_ids.shape, 64)
-    replayed = replay.loss(embeds, batch.input_ids).item()
-    assert replayed > 0
-    assert simulate.loss(embeds, batch.input_ids).item() == pytest.approx(replayed, rel=1e-4)
-    assert pseudo.loss(embeds).item() == pytest.approx(replayed, rel=1e-4)
+    assert simulate.loss(embeds, batch.input_ids).item() == pytest.approx(
+        pseudo.loss(embeds).item(), rel=1e-5
+    )
 
 
 def test_simulation_matches_only_the_chosen_subset_and_reaches_the_embeddings(tiny_victim):
@@ -310,7 +304,6 @@ def test_attack_with_simulation_recovers_a_short_sentence(tiny_victim):
     assert metrics.strict_scores([prediction], [sentence]).means["rouge1"] >= 90, prediction
     assert result.info["delta_simulation"]["local_steps"] == 2
     assert result.info["delta_simulation"]["order_reproducible"]
-    assert result.info["delta_simulation"]["replayed"]
 
 
 @pytest.mark.parametrize(

@@ -287,21 +287,19 @@ class GradientMatcher:
         received = [_received(update, spec) for spec in self.specs]
         self.targets = [t.detach() for t in _as_gradient(update, received)]
         self.distance = distance
-        self.local_round: LocalTraining | None = None  # the replayed round's facts
         self.simulator: LocalTrainingSimulator | None = None
         if fedavg_match == "simulate":
-            self.local_round = LocalTraining.from_update(update)
-            if not self.local_round.one_sgd_step:  # else the gradient is the replay, exactly
-                self.simulator = self._simulator(params, self.local_round)
+            self.simulator = self._simulator(update, params)
         elif fedavg_match != "pseudo":
             raise GradleakError(f"unknown --fedavg-match '{fedavg_match}': use pseudo | simulate")
         self.ghost = self._ghost_statistics()
 
     def _simulator(
-        self, params: dict[str, nn.Parameter], facts: LocalTraining
+        self, update: ClientUpdate, params: dict[str, nn.Parameter]
     ) -> LocalTrainingSimulator:
         """The replay of the client's round: every parameter the global model trains moves."""
         gm = self.knowledge.global_model
+        facts = LocalTraining.from_update(update)
         trained = [n for n, p in gm.model.named_parameters() if p.requires_grad]
         embedding = gm.adapter.token_embedding(unwrap(self.model))
         table = next((n for n in trained if params[n] is embedding.weight), None)

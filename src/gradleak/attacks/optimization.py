@@ -333,13 +333,12 @@ class OptimizationAttack:
         info = {"best_loss": outcome.best_loss, "steps": s.steps, **outcome.info}
         if matcher.null_keys:
             info["unmatched_null_tensors"] = matcher.null_keys
-        if matcher.local_round is not None:
-            facts = matcher.local_round
+        if matcher.simulator is not None:
+            facts = matcher.simulator.facts
             info["delta_simulation"] = {
                 "local_steps": facts.steps,
                 "batch_order": "dummy order as given, every epoch",
                 "order_reproducible": facts.order_reproducible,
-                "replayed": matcher.simulator is not None,  # one SGD step: its gradient
             }
         seconds = info.pop("seconds")
         return Reconstruction(token_ids=token_ids, info=info, seconds=seconds)

@@ -31,13 +31,10 @@ What the simulation assumes, and when it is exact (a test checks the exact cases
   gradient gets the input side by autograd's scatter-add, as ``nn.Embedding`` would (the padding
   row excepted, as ``padding_idx`` does). Without ids the drift is left out.
 
-Cost. A round of one plain SGD step (E = 1, b >= n_k) is not replayed at all: its delta in
-gradient units is the gradient, so the matcher compares plain gradients, the same function at
-a fraction of the cost (a test checks it against the replay). Where the table only feeds the
-input (not tied to an output head), only its rows that the batch reads ever get a gradient, so
-the replay carries just those rows (any superset gives the same numbers: a row without gradient
-stays put under SGD and Adam alike). On MiniLM the table is half of the 22.7M weights, and its
-dense updates were half of a replay's time.
+Cost. Where the table only feeds the input (not tied to an output head), only its rows that
+the batch reads ever get a gradient, so the replay carries just those rows (any superset gives
+the same numbers: a row without gradient stays put under SGD and Adam alike). On MiniLM the
+table is half of the 22.7M weights, and its dense updates were half of a replay's time.
 """
 
 from __future__ import annotations
@@ -112,13 +109,6 @@ class LocalTraining:
     @property
     def steps(self) -> int:
         return self.epochs * len(self.batches)
-
-    @property
-    def one_sgd_step(self) -> bool:
-        """Whether the round is a single plain SGD step, ``w - lr * g``: its delta in gradient
-        units is then the gradient itself, so plain gradient matching is the same function as
-        the replay and needs none of its cost (and keeps the ghost path and batched scoring)."""
-        return self.optimizer == "sgd" and self.steps == 1
 
     @property
     def order_reproducible(self) -> bool:
