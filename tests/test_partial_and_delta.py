@@ -230,6 +230,26 @@ def test_one_sgd_step_simulated_is_the_pseudo_gradient(tiny_victim):
     )
 
 
+def test_the_replay_reproduces_the_rounding_of_a_float32_delta(tiny_victim):
+    """At a realistic client lr, lr * g falls near a weight's last bit: the delta the client
+    sends is visibly rounded. A one-step replay repeats that arithmetic (zero loss at the
+    truth); the pseudo-gradient, the same function in exact arithmetic, cannot."""
+    victim = tiny_victim("tiny-bert")
+    protocol = Protocol(algorithm="fedavg", mode="eval", epochs=1, lr=5e-5)
+    batch, _, update, knowledge = scenario(victim, protocol)
+    cos = DISTANCES["cos"]
+    # the attack leaves out the key bias: its gradient is rounding noise (see test above)
+    simulate = GradientMatcher(
+        update, knowledge, cos, fedavg_match="simulate", skip_null_targets=True
+    )
+    pseudo = GradientMatcher(update, knowledge, cos, skip_null_targets=True)
+    truth = true_embeddings(victim, simulate, batch)
+    replayed = simulate.loss(truth, batch.input_ids, create_graph=False).item()
+    floor = pseudo.loss(truth, create_graph=False).item()
+    assert abs(replayed) < 1e-6
+    assert floor > 1e-4
+
+
 def test_simulation_matches_only_the_chosen_subset_and_reaches_the_embeddings(tiny_victim):
     victim = tiny_victim("tiny-bert")
     protocol = Protocol(algorithm="fedavg", mode="eval", epochs=2, lr=1e-2, share="0-1.qf")
