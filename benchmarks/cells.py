@@ -53,25 +53,33 @@ def run_suite(
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
-    ``report`` runs nothing: the table is rebuilt from the cells already finished. ``limit``
+    ``report`` runs nothing: the table is rebuilt from the cells already finished (those
+    matching ``only``). A run with ``only`` still writes the whole table: the cells it skipped
+    show their stored results, so filling a suite a few cells at a time loses no rows. ``limit``
     runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later.
     ``workers`` attack that many inputs of a cell at once (see ``experiment.run``)."""
-    cells = [c for c in cells if only is None or only in c[0]]
+    chosen = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     if report:
-        rows = finished_rows(out_dir, suite, cells)
-        wanted = {name: fields["n_inputs"] for name, fields in cells}
+        rows = finished_rows(out_dir, suite, chosen)
+        wanted = {name: fields["n_inputs"] for name, fields in chosen}
         partial = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
         notes = (
-            f"Rebuilt from stored results: {len(rows) - partial} of {len(cells)} cells finished, "
-            f"{partial} part-way (see inputs). s/batch is as measured by each run; the machine "
-            "line below describes the process that wrote this table."
+            f"Rebuilt from stored results: {len(rows) - partial} of {len(chosen)} cells "
+            f"finished, {partial} part-way (see inputs). s/batch is as measured by each run; the "
+            "machine line below describes the process that wrote this table."
         )
     else:
-        rows = run_cells(out_dir, suite, cells, limit, workers)
-        notes = f"{len(cells)} cells." + (
-            f" At most the first {limit} inputs of each cell so far (see inputs)." if limit else ""
+        ran = {row["cell"]: row for row in run_cells(out_dir, suite, chosen, limit, workers)}
+        skipped = [c for c in cells if c[0] not in ran]
+        stored = {row["cell"]: row for row in finished_rows(out_dir, suite, skipped)}
+        rows = [ran.get(name) or stored[name] for name, _ in cells if name in ran | stored]
+        notes = f"{len(ran)} of {len(cells)} cells run now" + (
+            f", at most the first {limit} inputs of each so far (see inputs)" if limit else ""
         )
+        if stored:
+            notes += f"; {len(stored)} more from stored results, as they were"
+        notes += "."
     for path in write_results(out_dir, suite, rows, started, notes=notes):
         print(f"wrote {path}")
 
