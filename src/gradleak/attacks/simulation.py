@@ -31,13 +31,13 @@ What the simulation assumes, and when it is exact (a test checks the exact cases
   gradient gets the input side by autograd's scatter-add, as ``nn.Embedding`` would (the padding
   row excepted, as ``padding_idx`` does). Without ids the drift is left out.
 
-Rounding. The client's delta is ``w* - w`` in float32: at FedAvg's small learning rates (lr
-* g is often below a weight's last bit) that rounding drops a tenth of each tensor's direction
-(MiniLM, lr 5e-5: mean per-tensor cosine 0.89 between ``-delta / lr`` and the gradient). The
-replay repeats the client's arithmetic (torch.optim's single-rounding SGD update, then the
-subtraction), so at the truth it reproduces the delta bit for bit and the matching loss is 0,
-where the pseudo-gradient stays at the rounding's floor. That is why even a one-step round is
-replayed, not matched as its gradient.
+Rounding. The client's delta is ``w* - w`` in float32, and at FedAvg's small learning rates
+``lr * g`` is often near a weight's last bit (MiniLM, lr 5e-5: ``-delta / lr`` has a mean
+per-tensor cosine of 0.89 with the gradient it came from). The replay repeats the client's
+arithmetic (torch.optim's single-rounding SGD update, then the subtraction), so at the truth it
+reproduces the delta bit for bit and the matching loss is 0, where the pseudo-gradient stays at
+the rounding's floor. So even a one-step round is replayed, not matched as its gradient (which
+is the same function only in exact arithmetic); the README gives what each scored.
 
 Cost. Where the table only feeds the input (not tied to an output head), only its rows that
 the batch reads ever get a gradient, so the replay carries just those rows (any superset gives
