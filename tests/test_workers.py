@@ -19,17 +19,22 @@ from gradleak.experiment import _stop_workers
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 
 
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """A live process's (state, parent pid) from /proc; None once it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else (fields[0], int(fields[1]))
+
+
 def _children(pid: int) -> set[int]:
-    """The live processes whose parent is ``pid`` (Linux /proc)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended while we looked
-            continue
-        if fields[0] != "Z" and int(fields[1]) == pid:
-            found.add(int(stat.parent.name))
-    return found
+    """The live processes whose parent is ``pid``."""
+    return {
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and (_stat(entry.name) or ("", 0))[1] == pid
+    }
 
 
 def _workers(pid: int) -> set[int]:
@@ -46,15 +51,7 @@ def _workers(pid: int) -> set[int]:
 
 
 def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
+    return {pid for pid in pids if _stat(pid) is not None}
 
 
 def _wait_for(condition, timeout_s: float):
