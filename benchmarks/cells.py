@@ -73,7 +73,8 @@ def run_suite(
         ran = {row["cell"]: row for row in run_cells(out_dir, suite, chosen, limit, workers)}
         skipped = [c for c in cells if c[0] not in ran]
         stored = {row["cell"]: row for row in finished_rows(out_dir, suite, skipped)}
-        rows = [ran.get(name) or stored[name] for name, _ in cells if name in ran | stored]
+        known = stored | ran
+        rows = [known[name] for name, _ in cells if name in known]  # in the suite's order
         notes = f"{len(ran)} of {len(cells)} cells run now" + (
             f", at most the first {limit} inputs of each so far (see inputs)" if limit else ""
         )
