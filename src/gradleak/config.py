@@ -68,7 +68,7 @@ class RunConfig(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """What a stored partial run must agree on to be resumed (the data dir may move)."""
-        return self.model_dump(mode="json", exclude=_NOT_IDENTITY)
+        return self.identity_of(self.model_dump(mode="json"))
 
     @staticmethod
     def identity_of(stored: dict[str, Any]) -> dict[str, Any]:
