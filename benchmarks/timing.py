@@ -80,7 +80,8 @@ def step_time(out_dir: Path, batches: int, data_dir: str | None, repeats: int = 
 
 def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int = 3) -> None:
     """LAMP_cos's discrete round (200 candidates, prior included) on MiniLM, CoLA's first
-    input: batched scoring vs one by one, the same candidates from the same generator seed."""
+    input: batched scoring vs the reference's one by one (one candidate per matching call, one
+    text per prior forward pass), the same candidates from the same generator seed."""
     started = time.perf_counter()
     examples = load_examples("cola", data_dir, None, None)
     first = sample_batches(examples, 1, 1, seed=101)[0]
@@ -92,21 +93,24 @@ def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: in
     shape = (*ws.template.shape, ws.embedding.shape[1])
     start = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     ghost = ws.matcher.ghost
+    # (label, matching path, candidates per call, prior): chunk None is the chunk the attack
+    # would size; the reference scores one candidate per call and, with the prior, one text
+    # per forward pass of the prior, remembering nothing.
     ways = (
-        ("ghost, stacked", ghost, ws.chunk),
-        ("vmap, materialized", None, None),  # None: the chunk the attack would size
-        ("one by one, materialized (reference)", None, 0),
+        ("ghost, stacked", ghost, ws.chunk, attack.prior_for),
+        ("vmap, materialized", None, None, attack.prior_for),
+        ("one by one, materialized (reference)", None, 0, partial(_one_by_one_prior, attack)),
     )
     for with_prior in (True, False):
-        for label, path, chunk in ways:
+        for label, path, chunk, prior_for in ways:
             ws.matcher.ghost = path
             ws.chunk = attack._score_chunk(ws.matcher) if chunk is None else chunk
             generator = torch.Generator().manual_seed(0)
 
-            def work(ws=ws, generator=generator, with_prior=with_prior) -> None:
+            def work(ws=ws, generator=generator, with_prior=with_prior, prior_for=prior_for):
                 # A fresh prior each round: a prior remembers the rows it scored, and the
                 # benchmark repeats one round's candidates.
-                round_prior = attack.prior_for(knowledge) if with_prior else None
+                round_prior = prior_for(knowledge) if with_prior else None
                 dummy = DummyBatch(free=start.clone(), fixed=ws.fixed, free_mask=ws.free_mask)
                 attack._discrete_round(ws, dummy, round_prior, generator, Counter())
 
