@@ -53,19 +53,30 @@ def test_strip_special_tokens() -> None:
     assert strip_special_tokens("  a   b ", ()) == "a b"
 
 
-def test_swapped_batch_is_matched_back_in_strict_but_not_in_paper() -> None:
+def test_swapped_batch_is_matched_back_in_strict_and_in_paper() -> None:
     refs = [CAT, DOG]
     preds = [DOG, CAT]
     strict = strict_scores(preds, refs)
     assert strict.matching == [1, 0]
     assert strict.means["rouge1"] == pytest.approx(100.0)
     assert strict.means["exact_match"] == pytest.approx(100.0)
-    # paper pairs DOG with CAT: only "the" shared (once, clipped) -> P = R = 1/6; no bigram;
-    # LCS 1 -> 1/6.
+    # LAMP's code matches predictions to references by ROUGE-1 before scoring; paired in
+    # order, DOG against CAT would share only "the": 100/6.
     paper = paper_scores(preds, refs)
-    assert paper["rouge1"] == pytest.approx(100 / 6)
-    assert paper["rouge2"] == pytest.approx(0.0)
-    assert paper["rougeL"] == pytest.approx(100 / 6)
+    assert dict(paper) == pytest.approx({"rouge1": 100, "rouge2": 100, "rougeL": 100})
+
+
+def test_paper_matching_is_by_rouge1_alone() -> None:
+    # Reference "a b c d": prediction "a b c d x y" shares 4 unigrams and 3 bigrams (R1 F 0.8,
+    # R2 F 0.75); "d c b a" shares 4 unigrams and no bigram (R1 F 1.0). Reference "a b": the
+    # first shares 2 unigrams and 1 bigram (R1 F 0.5, R2 F 1/3), the second 2 unigrams and
+    # no bigram (R1 F 2/3). Summed ROUGE-1 gives "a b c d" the second (1.0 + 0.5 over
+    # 0.8 + 2/3); the strict matching, on R1 + R2 + RL, gives it the first.
+    refs = ["a b c d", "a b"]
+    preds = ["a b c d x y", "d c b a"]
+    paper = paper_scores(preds, refs)
+    assert [p["rouge1"] for p in paper.per_pair] == pytest.approx([100.0, 50.0])
+    assert strict_scores(preds, refs).matching == [0, 1]
 
 
 def test_known_partial_pair() -> None:
@@ -192,13 +203,13 @@ def test_results_round_trip_through_json() -> None:
 def test_paper_best_pairing_lets_each_reference_take_its_best_prediction():
     references = ["the cat sat", "a dog ran home"]
     swapped = ["a dog ran home", "the cat sat"]
-    in_order = paper_scores(swapped, references)
     best = paper_scores(swapped, references, pairing="best")
-    assert in_order.means["rouge1"] == 0.0
     assert best.means["rouge1"] == 100.0
-    # DAGER's matching: several references may share one prediction.
+    # DAGER's matching: several references may share one prediction; LAMP's is one-to-one.
     shared = paper_scores(["the cat sat"], ["the cat sat", "the cat"], pairing="best")
     assert [p["rouge1"] for p in shared.per_pair] == [100.0, pytest.approx(80.0)]
+    one_each = paper_scores(["the cat sat"], ["the cat sat", "the cat"])
+    assert [p["rouge1"] for p in one_each.per_pair] == [100.0, 0.0]
     assert paper_scores([], references, pairing="best").means["rouge1"] == 0.0
     with pytest.raises(GradleakError, match="unknown pairing"):
         paper_scores(swapped, references, pairing="hungarian")

@@ -147,7 +147,7 @@ def attack_one(
     except AttackFailed as exc:
         return {"index": index, "error": str(exc), "attack_s": time.perf_counter() - start}
     attack_s = time.perf_counter() - start
-    pairing = getattr(attack, "paper_pairing", "order")
+    pairing = getattr(attack, "paper_pairing", "matched")
     return evaluate(index, tokenizer, references_ids, reconstruction.token_ids, pairing) | {
         "labels": [ex.label for ex in batch_examples],
         "attack_s": attack_s,
@@ -158,7 +158,7 @@ def attack_one(
 
 
 def evaluate(
-    index: int, tokenizer, references_ids, predictions_ids, paper_pairing: str = "order"
+    index: int, tokenizer, references_ids, predictions_ids, paper_pairing: str = "matched"
 ) -> dict[str, Any]:
     """Score one batch: strict (specials removed, Hungarian matching) and paper-compatible
     (paired the way the attack's own paper pairs, see ``metrics.paper_scores``)."""

@@ -7,8 +7,9 @@ an honest measurement (see the brief's "Metric pitfalls"):
   from both sides, and predictions are matched to references one-to-one with the Hungarian
   method, so a batch reconstructed in a different order is not penalised and no prediction can
   be credited to two references. Each reference counts once; unmatched references score 0.
-* **paper** -- what LAMP's table computes: raw decoded strings with special tokens kept, pairs
-  taken in the given order. The papers report the bootstrap "mid" of HF ``evaluate``'s
+* **paper** -- what LAMP's table computes: raw decoded strings with special tokens kept, each
+  prediction matched to one reference by ROUGE-1 alone (LAMP's code runs the Hungarian method
+  on ``1 - ROUGE-1 F`` before scoring). The papers report the bootstrap "mid" of HF ``evaluate``'s
   aggregate; we report the plain mean of the per-pair F-measures, which the bootstrap mid
   estimates, so the number is deterministic.
 
@@ -250,37 +251,41 @@ def strict_scores(
     return StrictResult(pairs=tuple(pairs), n_predictions=len(predictions))
 
 
-PAPER_PAIRINGS = ("order", "best")
+PAPER_PAIRINGS = ("matched", "best")
 
 
 def paper_scores(
-    predictions: list[str], references: list[str], pairing: str = "order"
+    predictions: list[str], references: list[str], pairing: str = "matched"
 ) -> PaperResult:
     """Score one batch the way the papers' tables do, for comparison with published numbers.
 
     Special tokens are kept (pass the raw decoded strings, so "[CLS]" counts as the word
-    "cls"). ``pairing="order"`` pairs prediction i with reference i (LAMP's optimization
-    attacks keep the batch order); ``"best"`` gives each reference its best prediction by
-    ROUGE-1, several references possibly sharing one (DAGER's matching: its output is a set).
-    LAMP / HF ``evaluate`` report the BootstrapAggregator "mid" of these F-measures; that is
-    an estimate of their mean, so we report the mean itself (deterministic). A missing
-    prediction scores 0; extra predictions are ignored under ``order``.
+    "cls"). ``pairing="matched"`` matches predictions to references one-to-one, maximising
+    the summed ROUGE-1 F (LAMP's code, which Wang & Li and Li et al. reuse: optimization
+    attacks may return the batch in any order); ``"best"`` gives each reference its best
+    prediction by ROUGE-1, several references possibly sharing one (DAGER's matching: its
+    output is a set). LAMP / HF ``evaluate`` report the BootstrapAggregator "mid" of these
+    F-measures; that is an estimate of their mean, so we report the mean itself
+    (deterministic). A reference left without a prediction scores 0.
     """
     if not references:
         raise GradleakError("no references to score")
     if pairing not in PAPER_PAIRINGS:
         raise GradleakError(f"unknown pairing '{pairing}': use one of {PAPER_PAIRINGS}")
+    rouge = [[_rouge(p, ref) for p in predictions] for ref in references]
+    missing = [_rouge("", ref) for ref in references]
     if pairing == "best":
         per_pair = tuple(
-            max((_rouge(p, ref) for p in predictions), key=lambda s: s["rouge1"], default=None)
-            or _rouge("", ref)
-            for ref in references
+            max(row, key=lambda s: s["rouge1"], default=None) or empty
+            for row, empty in zip(rouge, missing, strict=True)
         )
-    else:
-        per_pair = tuple(
-            _rouge(predictions[i] if i < len(predictions) else "", ref)
-            for i, ref in enumerate(references)
-        )
+        return PaperResult(per_pair=per_pair)
+    chosen = dict.fromkeys(range(len(references)), None)
+    if predictions:
+        gain = np.array([[cell["rouge1"] for cell in row] for row in rouge], dtype=float)
+        rows, cols = linear_sum_assignment(gain, maximize=True)
+        chosen.update({int(r): int(c) for r, c in zip(rows, cols, strict=True)})
+    per_pair = tuple(missing[i] if j is None else rouge[i][j] for i, j in chosen.items())
     return PaperResult(per_pair=per_pair)
 
 
