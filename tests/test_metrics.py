@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gradleak.errors import GradleakError
+from gradleak.experiment import evaluate
 from gradleak.metrics import (
     PaperResult,
     StrictResult,
@@ -77,6 +78,18 @@ def test_paper_matching_is_by_rouge1_alone() -> None:
     paper = paper_scores(preds, refs)
     assert [p["rouge1"] for p in paper.per_pair] == pytest.approx([100.0, 50.0])
     assert strict_scores(preds, refs).matching == [0, 1]
+
+
+def test_a_run_scores_a_batch_returned_in_another_order_as_recovered(tiny_victim) -> None:
+    # An optimization attack's rows come back in any order (rows with equal labels are
+    # interchangeable in the gradient); both score families match them back.
+    tokenizer = tiny_victim().tokenizer
+    references = [tokenizer(text)["input_ids"] for text in (CAT, DOG)]
+    scored = evaluate(0, tokenizer, references, references[::-1])
+    assert scored["strict"]["means"]["exact_match"] == 100.0
+    assert scored["paper"]["means"] == pytest.approx(
+        dict.fromkeys(("rouge1", "rouge2", "rougeL"), 100)
+    )
 
 
 def test_known_partial_pair() -> None:
