@@ -261,8 +261,8 @@ def paper_scores(
 
     Special tokens are kept (pass the raw decoded strings, so "[CLS]" counts as the word
     "cls"). ``pairing="matched"`` matches predictions to references one-to-one, maximising
-    the summed ROUGE-1 F (LAMP's code, which Wang & Li and Li et al. reuse: optimization
-    attacks may return the batch in any order); ``"best"`` gives each reference its best
+    the summed ROUGE-1 F (as LAMP's code does: optimization attacks may return the batch in
+    any order); ``"best"`` gives each reference its best
     prediction by ROUGE-1, several references possibly sharing one (DAGER's matching: its
     output is a set). LAMP / HF ``evaluate`` report the BootstrapAggregator "mid" of these
     F-measures; that is an estimate of their mean, so we report the mean itself
