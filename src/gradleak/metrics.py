@@ -9,9 +9,9 @@ an honest measurement (see the brief's "Metric pitfalls"):
   be credited to two references. Each reference counts once; unmatched references score 0.
 * **paper** -- what LAMP's table computes: raw decoded strings with special tokens kept, each
   prediction matched to one reference by ROUGE-1 alone (LAMP's code runs the Hungarian method
-  on ``1 - ROUGE-1 F`` before scoring). The papers report the bootstrap "mid" of HF ``evaluate``'s
-  aggregate; we report the plain mean of the per-pair F-measures, which the bootstrap mid
-  estimates, so the number is deterministic.
+  on ``1 - ROUGE-1 F`` before scoring). The papers report the bootstrap "mid" of HF
+  ``evaluate``'s aggregate; we report the plain mean of the per-pair F-measures, which the
+  bootstrap mid estimates, so the number is deterministic.
 
 All scores are ROUGE F-measures from ``rouge_score`` (no stemming) and all values, including
 token accuracy and exact match, are percentages in [0, 100] so every number in a result has the
@@ -262,11 +262,11 @@ def paper_scores(
     Special tokens are kept (pass the raw decoded strings, so "[CLS]" counts as the word
     "cls"). ``pairing="matched"`` matches predictions to references one-to-one, maximising
     the summed ROUGE-1 F (as LAMP's code does: optimization attacks may return the batch in
-    any order); ``"best"`` gives each reference its best
-    prediction by ROUGE-1, several references possibly sharing one (DAGER's matching: its
-    output is a set). LAMP / HF ``evaluate`` report the BootstrapAggregator "mid" of these
-    F-measures; that is an estimate of their mean, so we report the mean itself
-    (deterministic). A reference left without a prediction scores 0.
+    any order); ``"best"`` gives each reference its best prediction by ROUGE-1, several
+    references possibly sharing one (DAGER's matching: its output is a set). LAMP / HF
+    ``evaluate`` report the BootstrapAggregator "mid" of these F-measures; that is an estimate
+    of their mean, so we report the mean itself (deterministic). A reference left without a
+    prediction scores 0.
     """
     if not references:
         raise GradleakError("no references to score")

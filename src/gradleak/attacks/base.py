@@ -28,7 +28,9 @@ class Attack(Protocol):
     """An attack sees the update and the server's knowledge, never the private batch.
 
     An attack may also define ``prepare()``: the runner calls it once per run, before any input,
-    to load what every input shares (LAMP's LM prior) and to raise setup errors early.
+    to load what every input shares (LAMP's LM prior) and to raise setup errors early; and
+    ``paper_pairing``, how its paper pairs predictions with references for the paper-compatible
+    scores (``metrics.paper_scores``; "matched" when absent).
     """
 
     name: str
