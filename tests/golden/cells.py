@@ -1,0 +1,79 @@
+"""The golden cells: small runs whose records must not change when the code is reshaped.
+
+Each cell is a ``gradleak attack`` command line (tiny random-init models, a few steps, one
+thread). ``regenerate.py`` writes each cell's result fields to ``CELL.json``;
+``tests/test_golden.py`` runs the same command and compares them bit for bit. Regenerate only
+when a result is meant to change, and say why in the commit.
+"""
+
+from __future__ import annotations
+
+# The fields of a record that a run with the same config and seed reproduces exactly.
+RESULT_FIELDS = ("task", "scenario", "metrics", "failed_inputs")
+SAMPLE_TIMINGS = ("attack_s", "phase_s", "peak_rss_mb", "update_s")
+
+CELLS: dict[str, list[str]] = {
+    "tag_bert_train": [
+        "--model", "tiny-bert", "--attack", "tag", "--steps", "12",
+        "--n-inputs", "2", "--batch-size", "2",
+    ],
+    "dlg_gpt2_eval": [
+        "--model", "tiny-gpt2", "--attack", "dlg", "--steps", "10", "--mode", "eval",
+    ],
+    "lamp_cos_bert": [
+        "--model", "tiny-bert", "--attack", "lamp-cos", "--steps", "24", "--mode", "eval",
+        "--prior", "tiny-gpt2", "--n-init", "6", "--candidates", "8", "--discrete-every", "8",
+        "--batch-size", "2",
+    ],
+    "lamp_l2l1_llama_noprior": [
+        "--model", "tiny-llama", "--attack", "lamp-l2l1", "--steps", "20", "--prior", "none",
+        "--n-init", "4", "--candidates", "6", "--discrete-every", "10",
+    ],
+    "dager_gpt2": [
+        "--model", "tiny-gpt2", "--attack", "dager", "--batch-size", "2", "--n-inputs", "2",
+        "--mode", "eval",
+    ],
+    "dager_llama_causal": [
+        "--model", "tiny-llama", "--attack", "dager", "--task", "causal_lm", "--batch-size", "2",
+    ],
+    "dager_bert": [
+        "--model", "tiny-bert", "--attack", "dager", "--batch-size", "2", "--mode", "eval",
+    ],
+    "fedavg_pseudo_bert": [
+        "--model", "tiny-bert", "--attack", "tag", "--steps", "10", "--protocol", "fedavg",
+        "--epochs", "2", "--local-batch-size", "1", "--batch-size", "2", "--lr", "1e-3",
+    ],
+    "fedavg_simulate_bert": [
+        "--model", "tiny-bert", "--attack", "lamp-cos", "--steps", "6", "--prior", "none",
+        "--n-init", "2", "--discrete-every", "0", "--protocol", "fedavg", "--epochs", "2",
+        "--lr", "1e-3", "--fedavg-match", "simulate", "--mode", "eval",
+    ],
+    "fedavg_dager_gpt2": [
+        "--model", "tiny-gpt2", "--attack", "dager", "--protocol", "fedavg", "--epochs", "2",
+        "--lr", "1e-4", "--batch-size", "2", "--mode", "eval",
+    ],
+    "lora_tag_bert": [
+        "--model", "tiny-bert", "--attack", "tag", "--steps", "10", "--lora-rank", "4",
+        "--lora-roles", "qkv",
+    ],
+    "lora_dager_gpt2": [
+        "--model", "tiny-gpt2", "--attack", "dager", "--lora-rank", "32", "--mode", "eval",
+    ],
+    "partial_share_bert": [
+        "--model", "tiny-bert", "--attack", "tag", "--steps", "10", "--share", "0.qkv,*.f",
+        "--match", "0.qkv", "--normalize", "tensor", "--freeze-embeddings",
+    ],
+    "unknown_labels_lamp": [
+        "--model", "tiny-bert", "--attack", "lamp-cos", "--steps", "8", "--prior", "none",
+        "--n-init", "2", "--discrete-every", "0", "--no-known-labels", "--label-search",
+        "init", "--batch-size", "2",
+    ],
+}  # fmt: skip
+
+
+def result_of(record: dict) -> dict:
+    """The part of a record that must be reproduced exactly (timings and versions dropped)."""
+    samples = [
+        {k: v for k, v in sample.items() if k not in SAMPLE_TIMINGS} for sample in record["samples"]
+    ]
+    return {**{k: record[k] for k in RESULT_FIELDS}, "samples": samples}
