@@ -1,12 +1,36 @@
-"""The attack interface: an update and the server's knowledge in, token ids out."""
+"""The attack contract: an update and the server's knowledge in, token ids out.
+
+An attack is a class with a name, a description and a settings model (its options, declared
+once, with defaults and help). The runner builds it from its settings, calls ``prepare()``
+once per run, then for every client update ``check()`` and, when ``check`` returns a plan,
+``run()`` with that plan: what ``check`` computed to decide (DAGER's span bases) is not
+computed again. The private batch never reaches an attack.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
+
+
+class AttackSettings(BaseModel):
+    """Base of every attack's settings model. A subclass declares ``name`` as a one-value
+    ``Literal`` (the tag of the config's attack union) and each option as a field with a
+    default and a description: the CLI, the config files and the record all come from it.
+
+    A field's ``json_schema_extra`` may hold ``{"option": "--attack-lr"}`` (its command-line
+    name when the field name would clash with a scenario option) or ``{"cli": False}`` (fixed
+    by the attack's identity, not a user option)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
 
 
 @dataclass
@@ -20,23 +44,72 @@ class Reconstruction:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Plan:
+    """What ``check`` found that ``run`` needs. The base plan carries nothing; an attack that
+    computes something to decide whether it applies returns a subclass holding it."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """``check``'s answer when this update cannot be attacked (a limit of this batch, such as
+    DAGER's rank): the run records ``reason`` for this input and goes on with the next."""
+
+    reason: str
+
+
 class AttackFailed(Exception):
-    """One input could not be attacked (e.g. the loss became non-finite); others go on."""
+    """One input could not be attacked after all (e.g. the loss became non-finite); the run
+    records the message for this input and goes on."""
 
 
-class Attack(Protocol):
-    """An attack sees the update and the server's knowledge, never the private batch.
+SettingsT = TypeVar("SettingsT", bound=AttackSettings)
 
-    An attack may also define ``prepare()``: the runner calls it once per run, before any input,
-    to load what every input shares (LAMP's LM prior) and to raise setup errors early; and
-    ``paper_pairing``, how its paper pairs predictions with references for the paper-compatible
-    scores (``metrics.paper_scores``; "matched" when absent).
+
+class Attack(ABC, Generic[SettingsT]):
+    """Base class of every attack.
+
+    Errors: a setting or scenario the attack can never handle raises ``GradleakError`` (the
+    run stops with that one line); a limit of one batch is a ``Refusal`` from ``check`` or an
+    ``AttackFailed`` from ``run`` (the input is recorded as failed, the run goes on).
     """
 
-    name: str
+    description: ClassVar[str] = ""
+    # How the attack's paper pairs predictions with references for the paper-compatible
+    # scores: "matched" (one-to-one by ROUGE-1, LAMP's code) or "best" (each reference's best
+    # prediction, DAGER's paper); see ``metrics.paper_scores``.
+    paper_pairing: ClassVar[Literal["matched", "best"]] = "matched"
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
-        """Raise ``GradleakError`` if the attack cannot apply to this scenario."""
+    def __init__(self, settings: SettingsT) -> None:
+        self.settings = settings
 
-    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def prepare(self) -> None:
+        """Load what every input of a run shares (LAMP's LM prior) and raise setup errors
+        before any input is attacked. Called once per run (and once per worker process)."""
+
+    def release(self) -> None:
+        """Drop what ``prepare`` loaded (a parent process whose workers load their own)."""
+
+    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan | Refusal:
+        """Decide whether this update can be attacked; the plan is handed to ``run``."""
+        return Plan()
+
+    def reconstruct(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int = 0
+    ) -> Reconstruction:
+        """``check`` then ``run``, for a caller with one update (a notebook, a test); a refusal
+        raises ``AttackFailed`` with its reason."""
+        plan = self.check(update, knowledge)
+        if isinstance(plan, Refusal):
+            raise AttackFailed(plan.reason)
+        return self.run(update, knowledge, plan, seed)
+
+    @abstractmethod
+    def run(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+    ) -> Reconstruction:
         """Reconstruct the private batch."""
