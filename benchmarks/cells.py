@@ -1,4 +1,5 @@
-"""Benchmark cells: each is one gradleak run (a RunConfig), stored and resumed like any run.
+"""Benchmark cells: each is one gradleak run (its options, as ``gradleak attack`` takes them),
+stored and resumed like any run.
 
 A cell's record goes to ``<out>/<suite>/<cell>.json``; an interrupted suite resumes where it
 stopped, cell by cell and, inside a cell, input by input.
@@ -14,13 +15,14 @@ from typing import Any
 
 from report import write_results
 
-from gradleak import experiment
-from gradleak.config import RunConfig, validate_config
+from gradleak import runner
+from gradleak.config import RunConfig
+from gradleak.options import config_from_options
 from gradleak.store import ResultStore
 
 DATASETS = ("cola", "sst2", "rotten_tomatoes")
 
-Cell = tuple[str, dict[str, Any]]  # (name, RunConfig fields)
+Cell = tuple[str, dict[str, Any]]  # (name, options of `gradleak attack`)
 
 
 def cell(
@@ -29,16 +31,16 @@ def cell(
     batch_size: int,
     batches: int,
     data_dir: str | None,
-    **fields: Any,
+    **options: Any,
 ) -> dict[str, Any]:
-    """The RunConfig fields of one cell: ``batches`` inputs of ``batch_size`` in LAMP's order."""
+    """The options of one cell: ``batches`` inputs of ``batch_size`` in LAMP's order."""
     return {
         "model": model,
         "dataset": dataset,
         "data_dir": data_dir,
         "n_inputs": batches,
         "batch_size": batch_size,
-        **fields,
+        **options,
     }
 
 
@@ -57,7 +59,7 @@ def run_suite(
     matching ``only``). A run with ``only`` still writes the whole table: the cells it skipped
     show their stored results, so filling a suite a few cells at a time loses no rows. ``limit``
     runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later.
-    ``workers`` attack that many inputs of a cell at once (see ``experiment.run``)."""
+    ``workers`` attack that many inputs of a cell at once (see ``runner.run``)."""
     chosen = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     if report:
@@ -90,7 +92,7 @@ def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str
     cells interrupted part-way (their ``inputs`` column says how many are done)."""
     rows = []
     for name, fields in cells:
-        config = validate_config(**fields)
+        config = config_from_options(fields)
         path = out_dir / suite / f"{name}.json"
         path = _twin(out_dir, path, config) or path
         record = _finished(path, config)
@@ -141,7 +143,7 @@ def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
         return None
     return {
         "samples": samples,
-        "metrics": experiment.summarize(samples),
+        "metrics": runner.summarize(samples),
         "timing": {"attack_s": sum(s["attack_s"] for s in samples)},
         "failed_inputs": [s["index"] for s in samples if "error" in s],
     }
@@ -156,11 +158,12 @@ def run_cells(
     for name, fields in cells:
         path = out_dir / suite / f"{name}.json"
         started = time.perf_counter()
-        config = validate_config(**fields)
+        config = config_from_options(fields)
         _adopt(out_dir, path, config)
         record = _finished(path, config)
         if record is None:
-            record = experiment.run(config, out=str(path), limit=limit, workers=workers)
+            run = runner.run(config, out=str(path), limit=limit, workers=workers)
+            record = run.to_json()
         rows.append(_row(name, record))
         print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
     return rows

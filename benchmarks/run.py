@@ -45,7 +45,7 @@ import suites_lamp  # noqa: E402
 import timing  # noqa: E402
 from cells import run_suite  # noqa: E402
 
-from gradleak.attacks import EXACT_ATTACKS  # noqa: E402
+from gradleak.options import attack_options  # noqa: E402
 
 CELL_SUITES = {**suites_lamp.SUITES, **suites_dager.SUITES}  # tables of ordinary runs
 SUITES = [*timing.SUITES, *CELL_SUITES]
@@ -90,11 +90,12 @@ def main() -> None:
             run_suite(out, suite, cells, args.only, args.report, args.limit, args.workers)
 
 
-def with_steps(fields: dict, steps: int) -> dict:
-    """A cell's fields with the step budget of an optimization attack set (DAGER has none)."""
-    if fields["attack"] in EXACT_ATTACKS:
-        return fields
-    return {**fields, "attack_settings": {**fields.get("attack_settings", {}), "steps": steps}}
+def with_steps(options: dict, steps: int) -> dict:
+    """A cell's options with the step budget set, for attacks that have one (DAGER has none)."""
+    steps_option = next(o for o in attack_options() if o.key == "steps")
+    if options.get("attack", "tag") not in steps_option.attacks:
+        return options
+    return {**options, "steps": steps}
 
 
 if __name__ == "__main__":

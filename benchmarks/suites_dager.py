@@ -6,12 +6,12 @@ from __future__ import annotations
 from cells import DATASETS, Cell, cell
 
 
-def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | None, **extra):
-    protocol = {"mode": "train", **extra.pop("protocol", {})}
+def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | None, **options):
+    """A DAGER cell: unknown lengths; the client in train mode unless ``options`` say."""
+    options = {"mode": "train", **options}
     return cell(
-        model, dataset, batch, batches, data_dir, attack="dager", known_lengths=False,
-        protocol=protocol, **extra,
-    )  # fmt: skip
+        model, dataset, batch, batches, data_dir, attack="dager", known_lengths=False, **options
+    )
 
 
 def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
@@ -26,7 +26,7 @@ def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
         # hidden size 64 leaves the robust dropout check too few spare dimensions at B=4
         (
             f"tiny-gpt2-classification-{ds}-B{b}",
-            _dager("tiny-gpt2", ds, b, batches, data_dir, protocol={"mode": "eval"}),
+            _dager("tiny-gpt2", ds, b, batches, data_dir, mode="eval"),
         )
         for ds in DATASETS
         for b in (1, 4)
@@ -39,7 +39,7 @@ def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
     cells = [
         (
             f"minilm-{ds}-B{b}",
-            _dager("minilm", ds, b, batches, data_dir, protocol={"mode": "eval"}),
+            _dager("minilm", ds, b, batches, data_dir, mode="eval"),
         )
         for ds in DATASETS
         for b in (1, 2, 4, 8)
@@ -51,9 +51,8 @@ def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     """How far exactness survives several local steps on CoLA B=16: E x lr, then local
     mini-batches b (one epoch of 16 / b steps, lr 1e-4), DAGER's ablation shapes."""
 
-    def fedavg(name: str, **protocol) -> Cell:
-        protocol = {"algorithm": "fedavg", **protocol}
-        return name, _dager("smollm2", "cola", 16, batches, data_dir, protocol=protocol)
+    def fedavg(name: str, **options) -> Cell:
+        return name, _dager("smollm2", "cola", 16, batches, data_dir, protocol="fedavg", **options)
 
     cells = [
         fedavg(f"smollm2-cola-B16-E{epochs}-lr{lr:g}", epochs=epochs, lr=lr)
@@ -73,7 +72,7 @@ def dager_lora(batches: int, data_dir: str | None) -> list[Cell]:
     cells = [
         (
             f"smollm2-cola-B{b}-lora{rank}",
-            _dager("smollm2", "cola", b, batches, data_dir, protocol={"lora": {"rank": rank}}),
+            _dager("smollm2", "cola", b, batches, data_dir, lora_rank=rank),
         )
         for rank in (8, 32, 256)
         for b in (1, 4, 16)
@@ -86,7 +85,7 @@ def dager_dropout(batches: int, data_dir: str | None) -> list[Cell]:
     cells = [
         (
             f"minilm-cola-B{b}-{mode}",
-            _dager("minilm", "cola", b, batches, data_dir, protocol={"mode": mode}),
+            _dager("minilm", "cola", b, batches, data_dir, mode=mode),
         )
         for mode in ("eval", "train")
         for b in (1, 4)

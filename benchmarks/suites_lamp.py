@@ -11,14 +11,11 @@ OPTIMIZATION_ATTACKS = ("dlg", "tag", "lamp-cos", "lamp-l2l1")
 
 
 def _minilm(
-    dataset: str, batch: int, batches: int, data_dir: str | None, attack: str, **extra: Any
+    dataset: str, batch: int, batches: int, data_dir: str | None, attack: str, **options: Any
 ) -> dict[str, Any]:
-    protocol = {"mode": "eval", **extra.pop("protocol", {})}
-    settings = extra.pop("attack_settings", {})
-    return cell(
-        "minilm", dataset, batch, batches, data_dir, attack=attack, protocol=protocol,
-        attack_settings=settings, **extra,
-    )  # fmt: skip
+    """A MiniLM cell; the client is in eval mode (LAMP's setting) unless ``options`` say."""
+    options = {"mode": "eval", **options}
+    return cell("minilm", dataset, batch, batches, data_dir, attack=attack, **options)
 
 
 def lamp_main(batches: int, data_dir: str | None) -> list[Cell]:
@@ -52,7 +49,7 @@ def lamp_ablation(batches: int, data_dir: str | None) -> list[Cell]:
     cells = [
         (
             f"lamp-cos-cola-{name}",
-            _minilm("cola", 1, batches, data_dir, "lamp-cos", attack_settings=settings),
+            _minilm("cola", 1, batches, data_dir, "lamp-cos", **settings),
         )
         for name, settings in variants.items()
     ]
@@ -69,8 +66,7 @@ def lamp_dropout(batches: int, data_dir: str | None) -> list[Cell]:
                     f"lamp-cos-cola-{scenario}-p{dropout:g}",
                     _minilm(
                         "cola", 1, batches, data_dir, "lamp-cos",
-                        protocol={"mode": "train", "dropout": dropout},
-                        attack_settings={"attacker_mode": attacker_mode},
+                        mode="train", dropout=dropout, attacker_mode=attacker_mode,
                     ),
                 )
             )  # fmt: skip
@@ -86,7 +82,7 @@ def lamp_partial(batches: int, data_dir: str | None) -> list[Cell]:
             f"lamp-cos-cola-share-{name}",
             _minilm(
                 "cola", 1, batches, data_dir, "lamp-cos",
-                protocol={"share": share}, attack_settings={"normalize": "tensor"},
+                share=share, normalize="tensor",
             ),
         )
         for name, share in shares.items()
@@ -101,16 +97,15 @@ def lamp_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     rounds = {"E1-b1": (1, 1), "E2-b1": (2, 1), "E1-b2": (1, 2)}
     cells = [("lamp-cos-cola-fedsgd", _minilm("cola", 2, batches, data_dir, "lamp-cos"))]
     for name, (epochs, local_batch) in rounds.items():
-        fedavg = {"algorithm": "fedavg", "epochs": epochs, "local_batch_size": local_batch}
-        for tuning, extra in (("full", {}), ("lora", {"lora": {"rank": 32, "alpha": 64}})):
+        fedavg = {"protocol": "fedavg", "epochs": epochs, "local_batch_size": local_batch}
+        for tuning, extra in (("full", {}), ("lora", {"lora_rank": 32, "lora_alpha": 64})):
             for match in ("pseudo", "simulate"):
                 cells.append(
                     (
                         f"lamp-cos-cola-{name}-{tuning}-{match}",
                         _minilm(
                             "cola", 2, batches, data_dir, "lamp-cos",
-                            protocol={**fedavg, **extra},
-                            attack_settings={"fedavg_match": match},
+                            **fedavg, **extra, fedavg_match=match,
                         ),
                     )
                 )  # fmt: skip

@@ -12,18 +12,18 @@ from pathlib import Path
 import torch
 from report import write_results
 
-from gradleak import experiment
+from gradleak import runner
 from gradleak.attacks import make_attack
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
 from gradleak.attacks.optimization import DummyBatch
 from gradleak.attacks.prior import CausalLMPrior
-from gradleak.config import validate_config
 from gradleak.data import demo_examples, load_examples, sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import server_knowledge
 from gradleak.models.registry import load_victim
 from gradleak.models.tasks import encode_examples
+from gradleak.options import config_from_options
 
 
 def _scenario(model: str, examples):
@@ -158,7 +158,7 @@ def input_time(out_dir: Path, batches: int, data_dir: str | None) -> None:
             if chunk == 0:  # the reference's prior: one text per forward pass, nothing kept
                 attack.prior_for = partial(_one_by_one_prior, attack)
             begin = time.perf_counter()
-            result = attack.run(update, knowledge, seed=0)
+            result = attack.reconstruct(update, knowledge, seed=0)
             seconds = time.perf_counter() - begin
             text = knowledge.tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
             rows.append(
@@ -189,14 +189,14 @@ def throughput(out_dir: Path, batches: int, data_dir: str | None) -> None:
     sharing them (``--workers 2``), in one run. Wall seconds include loading the models."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
-    config = validate_config(
-        model="minilm", dataset="cola", data_dir=data_dir, n_inputs=batches,
-        protocol={"mode": "eval"}, attack="lamp-cos",
+    config = config_from_options(
+        {"model": "minilm", "dataset": "cola", "data_dir": data_dir, "n_inputs": batches,
+         "mode": "eval", "attack": "lamp-cos"}
     )  # fmt: skip
     rows = []
     for workers in (1, 2):
         begin = time.perf_counter()
-        record = experiment.run(config, workers=workers)
+        record = runner.run(config, workers=workers).to_json()
         wall = time.perf_counter() - begin
         paper = record["metrics"]["paper"]
         rows.append(

@@ -63,7 +63,7 @@ def test_attack_recovers_a_known_sentence_on_a_tiny_model(tiny_victim, attack):
     victim = tiny_victim("tiny-bert")
     sentence = [Example("the cat sat on the mat", label=1)]
     batch, update, knowledge = scenario(victim, Protocol(mode="eval"), sentence)
-    result = make_attack(attack, steps=300).run(update, knowledge, seed=0)
+    result = make_attack(attack, steps=300).reconstruct(update, knowledge, seed=0)
     tokenizer = victim.tokenizer
     prediction = tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
     strict = metrics.strict_scores([prediction], ["the cat sat on the mat"])
@@ -76,8 +76,8 @@ def test_attack_recovers_a_known_sentence_on_a_tiny_model(tiny_victim, attack):
 def test_attack_is_deterministic_for_a_seed(tiny_victim):
     victim = tiny_victim("tiny-bert")
     _, update, knowledge = scenario(victim, Protocol(mode="eval"))
-    first = make_attack("tag", steps=20).run(update, knowledge, seed=4)
-    again = make_attack("tag", steps=20).run(update, knowledge, seed=4)
+    first = make_attack("tag", steps=20).reconstruct(update, knowledge, seed=4)
+    again = make_attack("tag", steps=20).reconstruct(update, knowledge, seed=4)
     assert first.token_ids == again.token_ids
     assert first.info["best_loss"] == again.info["best_loss"]
 
@@ -85,7 +85,7 @@ def test_attack_is_deterministic_for_a_seed(tiny_victim):
 def test_batch_of_two_keeps_each_length_and_padding(tiny_victim):
     victim = tiny_victim("tiny-bert")
     batch, update, knowledge = scenario(victim, Protocol(mode="eval"))
-    result = make_attack("tag", steps=5).run(update, knowledge, seed=0)
+    result = make_attack("tag", steps=5).reconstruct(update, knowledge, seed=0)
     assert [len(ids) for ids in result.token_ids] == batch.lengths
 
 
@@ -93,7 +93,7 @@ def test_attack_works_on_fedavg_and_lora_updates(tiny_victim):
     victim = tiny_victim("tiny-gpt2")
     protocol = Protocol(algorithm="fedavg", mode="train", epochs=2, lr=1e-3, lora={"rank": 2})
     _, update, knowledge = scenario(victim, protocol)
-    result = make_attack("tag", steps=3).run(update, knowledge, seed=0)
+    result = make_attack("tag", steps=3).reconstruct(update, knowledge, seed=0)
     assert len(result.token_ids) == 2
 
 

@@ -8,9 +8,17 @@ import pytest
 from typer.testing import CliRunner
 
 from gradleak.cli import app
+from gradleak.options import config_from_options
 
 runner = CliRunner()
 TINY = ["--model", "tiny-bert", "--mode", "eval", "--steps", "3"]
+TINY_OPTIONS = {"model": "tiny-bert", "mode": "eval", "steps": 3}
+TIMINGS = ("attack_s", "update_s", "phase_s", "peak_rss_mb")
+
+
+def strip_timings(record: dict) -> list[dict]:
+    """A record's samples without what differs between runs of one config (wall times)."""
+    return [{k: v for k, v in s.items() if k not in TIMINGS} for s in record["samples"]]
 
 
 def invoke(*args: str):
@@ -22,7 +30,7 @@ def test_attack_writes_the_documented_record(tmp_path):
     result = invoke("attack", *TINY, "--n-inputs", "2", "--batch-size", "2", "--out", str(out))
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
-    assert record["config"]["model"] == "tiny-bert"
+    assert record["config"]["scenario"]["model"] == "tiny-bert"
     assert len(record["samples"]) == 2
     for sample in record["samples"]:
         assert len(sample["reference"]) == 2 and len(sample["prediction"]) == 2
@@ -36,7 +44,9 @@ def test_attack_writes_the_documented_record(tmp_path):
         "exact_match",
     }
     assert set(record["metrics"]["paper"]) == {"rouge1", "rouge2", "rougeL"}
-    assert record["timing"]["total_s"] >= record["timing"]["attack_s"] > 0
+    timing = record["timing"]
+    assert timing["total_s"] >= timing["attack_s"] + timing["update_s"] > timing["attack_s"] > 0
+    assert timing["update_s"] == sum(s["update_s"] for s in record["samples"])
     assert record["versions"]["torch"].startswith("2.13")
     assert record["scenario"]["label"] == "EVAL" and record["scenario"]["realistic"] is False
     assert "EVAL shortcut" in record["scenario"]["text"]
@@ -48,9 +58,7 @@ def test_same_seed_same_record(tmp_path):
     for out in outs:
         assert invoke("attack", *TINY, "--mode", "train", "--out", str(out)).exit_code == 0
     a, b = (json.loads(o.read_text()) for o in outs)
-    timings = ("attack_s", "phase_s", "peak_rss_mb")
-    strip = lambda r: [{k: v for k, v in s.items() if k not in timings} for s in r["samples"]]  # noqa: E731
-    assert strip(a) == strip(b)
+    assert strip_timings(a) == strip_timings(b)
 
 
 class PowerCut(Exception):
@@ -59,18 +67,18 @@ class PowerCut(Exception):
 
 def record_attacks(monkeypatch, cut_at: int | None = None) -> list[int]:
     """The inputs the run attacks, in order; ``cut_at``: the call that is interrupted."""
-    from gradleak import experiment
+    from gradleak import runner as run_module
 
     calls: list[int] = []
-    original = experiment.attack_one
+    original = run_module.attack_input
 
-    def recorded(config, prepared, index, batch):
+    def recorded(config, prepared, index):
         calls.append(index)
         if len(calls) == cut_at:
             raise PowerCut
-        return original(config, prepared, index, batch)
+        return original(config, prepared, index)
 
-    monkeypatch.setattr(experiment, "attack_one", recorded)
+    monkeypatch.setattr(run_module, "attack_input", recorded)
     return calls
 
 
@@ -89,49 +97,41 @@ def test_interrupted_run_resumes_without_redoing_finished_inputs(tmp_path, monke
 
 
 def test_a_limited_run_stays_part_way_and_a_later_run_finishes_it(tmp_path, monkeypatch):
-    from gradleak import experiment
-    from gradleak.config import validate_config
+    from gradleak import runner as run_module
     from gradleak.errors import GradleakError
 
     out = tmp_path / "run.json"
     calls = record_attacks(monkeypatch)
-    config = validate_config(
-        model="tiny-bert", n_inputs=3, protocol={"mode": "eval"}, attack_settings={"steps": 3}
-    )
-    part = experiment.run(config, out=str(out), limit=2)
-    assert [s["index"] for s in part["samples"]] == [0, 1]
+    config = config_from_options(TINY_OPTIONS | {"n_inputs": 3})
+    part = run_module.run(config, out=str(out), limit=2)
+    assert [s.index for s in part.samples] == [0, 1]
     assert not out.exists() and (tmp_path / "run.json.partial.jsonl").exists()
-    assert [s["index"] for s in experiment.run(config, out=str(out), limit=1)["samples"]] == [0]
-    whole = experiment.run(config, out=str(out))
+    assert [s.index for s in run_module.run(config, out=str(out), limit=1).samples] == [0]
+    whole = run_module.run(config, out=str(out))
     assert calls == [0, 1, 2]
-    assert whole["samples"][:2] == part["samples"]
+    assert whole.samples[:2] == part.samples
     assert len(json.loads(out.read_text())["samples"]) == 3
     with pytest.raises(GradleakError, match="limit must be at least 1"):
-        experiment.run(config, limit=0)
+        run_module.run(config, limit=0)
 
 
 def test_inputs_attacked_by_two_worker_processes_match_a_sequential_run(tmp_path):
     import torch
 
-    from gradleak import experiment
-    from gradleak.config import validate_config
+    from gradleak import runner as run_module
 
-    config = validate_config(
-        model="tiny-bert", n_inputs=3, protocol={"mode": "train"}, attack_settings={"steps": 3}
-    )
+    config = config_from_options(TINY_OPTIONS | {"n_inputs": 3, "mode": "train"})
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(2)  # split between the workers: one thread each
-        parallel = experiment.run(config, out=str(tmp_path / "run.json"), workers=2)
+        parallel = run_module.run(config, out=str(tmp_path / "run.json"), workers=2)
         torch.set_num_threads(1)
-        sequential = experiment.run(config)
+        sequential = run_module.run(config)
     finally:
         torch.set_num_threads(previous)
-    assert (parallel["workers"], parallel["torch_threads"]) == (2, 1)
-    timings = ("attack_s", "phase_s", "peak_rss_mb")
-    strip = lambda r: [{k: v for k, v in s.items() if k not in timings} for s in r["samples"]]  # noqa: E731
-    assert [s["index"] for s in parallel["samples"]] == [0, 1, 2]
-    assert strip(parallel) == strip(sequential)
+    assert (parallel.workers, parallel.torch_threads) == (2, 1)
+    assert [s.index for s in parallel.samples] == [0, 1, 2]
+    assert strip_timings(parallel.to_json()) == strip_timings(sequential.to_json())
     assert json.loads((tmp_path / "run.json").read_text())["workers"] == 2
 
 
@@ -154,7 +154,13 @@ def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
         (["--batch-size", "0"], "batch-size"),
         (["--n-inputs", "0"], "n-inputs"),
         (["--workers", "0"], "workers must be at least 1"),
-        (["--protocol", "fedprox"], "algorithm"),
+        (["--protocol", "fedprox"], "invalid --protocol"),
+        (["--encoder-beam", "4"], "--encoder-beam is an option of dager, not of tag"),
+        (["--attack", "dager", "--steps", "3"], "--steps is an option of dlg, tag, lamp-cos"),
+        (["--defense", "noise"], "sigma"),
+        (["--defense", "noise:sigma"], "bad --defense parameter 'sigma'"),
+        (["--defense", "blur:sigma=1"], "unknown defense 'blur'"),
+        (["--defense", "noise:sigma=-1"], "greater than 0"),
         (["--mode", "test"], "mode"),
         (["--share", "99.q"], "share"),
         (["--match", "0.q", "--share", "1.f"], "does not contain"),
@@ -223,9 +229,9 @@ def test_demo_runs_three_tag_scenarios_and_dager_on_minilm(tmp_path):
     records = json.loads(out.read_text())
     labels = [r["scenario"]["label"] for r in records]
     assert labels == ["EVAL", "TRAIN_EVAL", "TRAIN_EVAL", "TRAIN_EVAL"]
-    assert [r["config"]["attack"] for r in records] == ["tag", "tag", "tag", "dager"]
-    assert records[2]["config"]["protocol"]["algorithm"] == "fedavg"
-    assert records[3]["config"]["protocol"]["mode"] == "train"
+    assert [r["config"]["attack"]["name"] for r in records] == ["tag", "tag", "tag", "dager"]
+    assert records[2]["config"]["scenario"]["protocol"]["algorithm"] == "fedavg"
+    assert records[3]["config"]["scenario"]["protocol"]["mode"] == "train"
     assert records[3]["metrics"]["strict"]["exact_match"] == 100.0  # dropout does not save it
     assert "Eval-mode shortcut: strict ROUGE-1" in result.output
     assert "DAGER recovered 100% of the sentences" in result.output
@@ -237,3 +243,34 @@ def test_batch_beyond_dagers_rank_limit_is_a_one_line_error():
     assert result.exit_code == 2, result.output
     assert "full rank" in result.output and "--batch-size" in result.output
     assert "Traceback" not in result.output
+
+
+def test_attacks_lists_every_attack_and_one_attacks_own_defaults():
+    listing = invoke("attacks")
+    assert listing.exit_code == 0
+    for name in ("dlg", "tag", "lamp-cos", "lamp-l2l1", "dager"):
+        assert name in listing.output
+    lamp = invoke("attacks", "lamp-cos")
+    assert lamp.exit_code == 0
+    rows = {line.split("│")[1].strip(): line for line in lamp.output.splitlines() if "│ --" in line}
+    assert "2000" in rows["--steps"] and "0.2" in rows["--alpha-lm"]
+    assert "--max-beam" not in rows  # DAGER's options are not LAMP's
+    dager = invoke("attacks", "dager")
+    assert "--max-beam" in dager.output and "--steps" not in dager.output
+    assert invoke("attacks", "magic").exit_code == 2
+
+
+def test_defenses_listing_names_noise_and_its_parameters():
+    result = invoke("defenses")
+    assert result.exit_code == 0
+    assert "noise" in result.output and "sigma" in result.output and "required" in result.output
+
+
+def test_attack_help_groups_options_by_scenario_attack_and_run():
+    result = runner.invoke(app, ["attack", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    titles = [line for line in result.output.splitlines() if line.startswith("╭─")]
+    order = ["Scenario", "Attack ", "Attack options (dlg, tag", "Attack options (dager)", "Run"]
+    positions = [next(i for i, t in enumerate(titles) if name in t) for name in order]
+    assert positions == sorted(positions), titles
+    assert "(default: 2500 for dlg, 2500 for tag, 2000 for lamp-cos" in result.output

@@ -10,19 +10,24 @@ import torch
 from conftest import encode, word_level_lm
 from typer.testing import CliRunner
 
-from gradleak import experiment, metrics
-from gradleak.attacks import ATTACKS, make_attack, optimization
+from gradleak import metrics, runner
+from gradleak.attacks import ATTACKS, AttackFailed, make_attack
 from gradleak.attacks import initialization as init
 from gradleak.attacks.discrete import TRANSFORMS, candidate_permutations, transform_order
-from gradleak.attacks.optimization import DummyBatch, OptimizationAttack, OptimizationSettings
+from gradleak.attacks.optimization import (
+    DummyBatch,
+    OptimizationAttack,
+    OptimizationSettings,
+    engine,
+)
 from gradleak.attacks.prior import CausalLMPrior
 from gradleak.cli import app
-from gradleak.config import validate_config
 from gradleak.data import Example
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import server_knowledge
+from gradleak.options import config_from_options
 
 SENTENCE = [Example("the cat sat on the mat", label=1)]
 TINY_LAMP = {"prior": "none", "n_init": 8, "candidates": 16, "score_batch": 8}
@@ -76,7 +81,7 @@ def test_candidates_move_only_free_positions_of_the_real_text():
 def test_batched_scores_equal_one_by_one_scores(tiny_victim, name, task, distance):
     victim = tiny_victim(name, task)
     _, update, knowledge = scenario(victim)
-    attack = OptimizationAttack("lamp", OptimizationSettings(distance=distance))
+    attack = OptimizationAttack(OptimizationSettings(distance=distance))
     ws = attack.workspace(update, knowledge)
     free = torch.randn(5, *knowledge.template_ids.shape, ws.embedding.shape[1])
     ws.chunk = 3  # two vectorized calls, the second one partial
@@ -97,14 +102,12 @@ def test_batched_scores_equal_one_by_one_scores(tiny_victim, name, task, distanc
 
 def test_cosine_matching_skips_the_null_key_bias_gradient(tiny_victim):
     _, update, knowledge = scenario(tiny_victim("tiny-bert"))
-    ws = OptimizationAttack("lamp", OptimizationSettings(distance="cos")).workspace(
-        update, knowledge
-    )
+    ws = OptimizationAttack(OptimizationSettings(distance="cos")).workspace(update, knowledge)
     layers = tiny_victim("tiny-bert").model.config.num_hidden_layers
     assert ws.matcher.null_keys == [
         f"bert.encoder.layer.{i}.attention.self.key.bias" for i in range(layers)
     ]
-    tag_ws = OptimizationAttack("tag", OptimizationSettings()).workspace(update, knowledge)
+    tag_ws = OptimizationAttack(OptimizationSettings()).workspace(update, knowledge)
     assert tag_ws.matcher.null_keys == []  # DLG/TAG match exactly what they did before
 
 
@@ -185,7 +188,7 @@ def test_lamp_defaults_are_the_reference_scripts():
         assert (s.discrete_every, s.prior, s.rescale_init) == (75, "smollm2", True)
     assert (cos.distance, cos.alpha_lm, cos.alpha_reg) == ("cos", 0.2, 1.0)
     assert (l2l1.distance, l2l1.alpha_lm, l2l1.alpha_reg) == ("tag", 60.0, 25.0)
-    assert {"lamp-cos", "lamp-l2l1"} <= set(ATTACKS)
+    assert {"lamp-cos", "lamp-l2l1"} <= set(ATTACKS.names())
 
 
 def test_bad_prior_is_a_one_line_error():
@@ -274,7 +277,7 @@ def test_lamp_recovers_a_known_sentence_on_a_tiny_model(tiny_victim):
     _, update, knowledge = scenario(victim)
     budget = {"steps": 400, "lr": 0.03, "lr_decay": 1.0, "discrete_every": 25, "n_init": 32}
     attack = make_attack("lamp-cos", **TINY_LAMP | budget)
-    result = attack.run(update, knowledge, seed=0)
+    result = attack.reconstruct(update, knowledge, seed=0)
     prediction = victim.tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
     strict = metrics.strict_scores([prediction], ["the cat sat on the mat"])
     assert strict.means["rouge1"] >= 90, prediction
@@ -292,7 +295,7 @@ def test_lamp_with_a_tiny_causal_lm_prior_runs_and_is_deterministic(tiny_victim)
         "lamp-cos", steps=12, discrete_every=5, **TINY_LAMP | {"prior": "tiny-gpt2"}
     ).settings
     runs = [
-        OptimizationAttack("lamp-cos", settings, prior_model=(lm.model, lm.tokenizer)).run(
+        OptimizationAttack(settings, prior_model=(lm.model, lm.tokenizer)).reconstruct(
             update, knowledge, seed=1
         )
         for _ in range(2)
@@ -309,7 +312,7 @@ def test_unknown_binary_label_is_searched(tiny_victim):
         make_attack("lamp-cos", steps=1, **TINY_LAMP).check(update, knowledge)
     for search in ("init", "full"):
         attack = make_attack("lamp-cos", steps=3, label_search=search, **TINY_LAMP)
-        result = attack.run(update, knowledge, seed=0)
+        result = attack.reconstruct(update, knowledge, seed=0)
         assert result.info["labels"] == [1]  # the true label
     assert len(result.info["label_losses"]) == 2
 
@@ -323,22 +326,17 @@ def test_cli_runs_lamp_and_loads_the_prior_once(tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
-    assert record["config"]["attack_settings"]["prior"] == "none"
+    assert record["config"]["attack"]["prior"] == "none"
     assert record["samples"][0]["info"]["init_size"] > 0
 
     loads = []
-    real = optimization.load_prior_model
-    monkeypatch.setattr(
-        optimization, "load_prior_model", lambda name: loads.append(name) or real(name)
+    real = engine.load_prior_model
+    monkeypatch.setattr(engine, "load_prior_model", lambda name: loads.append(name) or real(name))
+    config = config_from_options(
+        {"model": "tiny-bert", "n_inputs": 2, "mode": "eval", "attack": "lamp-cos"}
+        | {"steps": 3, "n_init": 2, "candidates": 4, "prior": "tiny-gpt2"}
     )
-    config = validate_config(
-        model="tiny-bert",
-        n_inputs=2,
-        protocol={"mode": "eval"},
-        attack="lamp-cos",
-        attack_settings={"steps": 3, "n_init": 2, "candidates": 4, "prior": "tiny-gpt2"},
-    )
-    experiment.run(config)
+    runner.run(config)
     assert loads == ["tiny-gpt2"]
 
 
@@ -350,5 +348,5 @@ def test_a_non_finite_update_stops_the_input_with_a_message(tiny_victim, attack,
     _, update, knowledge = scenario(victim)
     key = next(k for k in update.tensors if "query.weight" in k)
     update.tensors[key] = torch.full_like(update.tensors[key], float("inf"))
-    with pytest.raises(optimization.AttackFailed, match="non-finite|became"):
-        make_attack(attack, steps=5, **TINY_LAMP).run(update, knowledge, seed=0)
+    with pytest.raises(AttackFailed, match="non-finite|became"):
+        make_attack(attack, steps=5, **TINY_LAMP).reconstruct(update, knowledge, seed=0)

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from gradleak.errors import GradleakError
-from gradleak.experiment import evaluate
 from gradleak.metrics import (
     PaperResult,
     StrictResult,
@@ -15,6 +14,7 @@ from gradleak.metrics import (
     strict_scores,
     strip_special_tokens,
 )
+from gradleak.recipe import evaluate
 
 BERT_SPECIALS = ("[CLS]", "[SEP]", "[PAD]")
 CAT = "the cat sat on the mat"

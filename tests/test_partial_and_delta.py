@@ -11,7 +11,7 @@ from conftest import encode
 from typer.testing import CliRunner
 
 from gradleak import metrics
-from gradleak.attacks import ATTACKS, make_attack
+from gradleak.attacks import make_attack
 from gradleak.attacks.objective import (
     DISTANCES,
     GradientMatcher,
@@ -106,7 +106,7 @@ def test_partial_matching_uses_exactly_the_chosen_tensors(tiny_victim, attack):
         token_type_ids=knowledge.token_type_ids,
     )
     grads = torch.autograd.grad(loss, [params[k] for k in ws.matcher.keys])
-    base = DISTANCES[ATTACKS[attack][1]["distance"]]
+    base = DISTANCES[make_attack(attack).settings.distance]
     terms = [
         base([g / g.norm()], [update.tensors[k] / update.tensors[k].norm()])
         for k, g in zip(ws.matcher.keys, grads, strict=True)
@@ -279,7 +279,7 @@ def test_adam_deltas_still_show_the_null_key_bias(tiny_victim, fedavg_match):
     protocol = Protocol(algorithm="fedavg", mode="eval", epochs=2, lr=1e-3, optimizer="adam")
     _, _, update, knowledge = scenario(victim, protocol)
     settings = OptimizationSettings(distance="cos", fedavg_match=fedavg_match)
-    ws = OptimizationAttack("lamp", settings).workspace(update, knowledge)
+    ws = OptimizationAttack(settings).workspace(update, knowledge)
     layers = victim.model.config.num_hidden_layers
     assert ws.matcher.null_keys == [f"bert.encoder.layer.{i}.{KEY_BIAS}" for i in range(layers)]
     free = torch.randn(4, *knowledge.template_ids.shape, ws.embedding.shape[1])
@@ -319,7 +319,9 @@ def test_attack_with_simulation_recovers_a_short_sentence(tiny_victim):
     sentence = "a dog ran home"
     protocol = Protocol(algorithm="fedavg", mode="eval", epochs=2, lr=1e-2, freeze_embeddings=True)
     _, _, update, knowledge = scenario(victim, protocol, [Example(sentence, label=1)])
-    result = make_attack("tag", steps=100, fedavg_match="simulate").run(update, knowledge, seed=0)
+    result = make_attack("tag", steps=100, fedavg_match="simulate").reconstruct(
+        update, knowledge, seed=0
+    )
     prediction = victim.tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
     assert metrics.strict_scores([prediction], [sentence]).means["rouge1"] >= 90, prediction
     assert result.info["delta_simulation"]["local_steps"] == 2

@@ -8,17 +8,18 @@ import inspect
 import torch
 from conftest import encode
 
-from gradleak import experiment
-from gradleak.attacks.base import Attack, Reconstruction
-from gradleak.config import validate_config
+from gradleak import recipe, runner
+from gradleak.attacks.base import Attack, AttackSettings, Plan, Reconstruction
 from gradleak.federated.client import ClientUpdate, GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import ServerKnowledge, server_knowledge
+from gradleak.options import config_from_options
 
 
 def test_attack_interface_takes_only_update_and_knowledge():
+    assert list(inspect.signature(Attack.check).parameters) == ["self", "update", "knowledge"]
     params = list(inspect.signature(Attack.run).parameters)
-    assert params == ["self", "update", "knowledge", "seed"]
+    assert params == ["self", "update", "knowledge", "plan", "seed"]
 
 
 def test_knowledge_holds_no_private_token(tiny_victim):
@@ -43,27 +44,28 @@ def test_runner_hands_the_attack_no_batch(tiny_victim, monkeypatch):
     """Spy on what the runner passes to the attack: only ClientUpdate and ServerKnowledge."""
     seen = []
 
-    class SpyAttack:
-        name = "spy"
-
+    class SpyAttack(Attack):
         def check(self, update, knowledge):
-            pass
+            seen.append(("check", update, knowledge))
+            return Plan()
 
-        def run(self, update, knowledge, seed):
-            seen.append((update, knowledge))
+        def run(self, update, knowledge, plan, seed):
+            seen.append(("run", update, knowledge))
             ids = torch.where(knowledge.template_ids >= 0, knowledge.template_ids, 1000)
             return Reconstruction(
                 token_ids=[row[:n].tolist() for row, n in zip(ids, knowledge.lengths, strict=True)]
             )
 
-    monkeypatch.setattr(experiment, "make_attack", lambda name, **kw: SpyAttack())
-    config = validate_config(model="tiny-bert", n_inputs=1, batch_size=2, protocol={"mode": "eval"})
-    record = experiment.run(config)
-    ((update, knowledge),) = seen
-    assert isinstance(update, ClientUpdate)
-    assert isinstance(knowledge, ServerKnowledge)
-    assert len(record["samples"][0]["reference"]) == 2
-    assert record["metrics"]["strict"]["exact_match"] == 0.0  # the spy guessed nothing
+    spy = SpyAttack(AttackSettings(name="spy"))
+    monkeypatch.setattr(recipe, "build_attack", lambda config: spy)
+    config = config_from_options({"model": "tiny-bert", "batch_size": 2, "mode": "eval"})
+    record = runner.run(config)
+    assert [call[0] for call in seen] == ["check", "run"]
+    for _, update, knowledge in seen:
+        assert isinstance(update, ClientUpdate)
+        assert isinstance(knowledge, ServerKnowledge)
+    assert len(record.samples[0].reference) == 2
+    assert record.metrics["strict"]["exact_match"] == 0.0  # the spy guessed nothing
 
 
 def test_update_tensors_are_detached_copies(tiny_victim):

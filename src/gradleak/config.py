@@ -1,89 +1,173 @@
-"""A run's configuration, validated: which model, data, protocol, attack and budget.
+"""A run's configuration, declared once: the scenario (victim, data, protocol, defenses, what
+the server knows), the attack (its own settings model, chosen by name) and the seed.
 
-Fields map one-to-one to the CLI options of ``gradleak attack``.
+These models are the single declaration of every option: the command line
+(``gradleak.options``), configuration files (YAML/JSON round-trip) and the ``config`` entry of
+every record are generated from them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from gradleak.attacks import ATTACKS
+from gradleak.attacks.base import AttackSettings
+from gradleak.defenses import DEFENSES, DefenseSettings, parse_defenses
 from gradleak.errors import GradleakError
 from gradleak.federated.protocol import Protocol
+from gradleak.registry import first_error
+
+TASKS = ("classification", "causal_lm", "qa")
 
 
-class AttackSettings(BaseModel):
-    """Attack options given by the user; None leaves the attack's own default."""
+class DataConfig(BaseModel):
+    """Which private texts the clients hold and how they are batched."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: int | None = Field(None, ge=1)
-    lr: float | None = Field(None, gt=0)
-    attacker_mode: str | None = Field(None, pattern="^(eval|train)$")
-    match: str | None = None
-    normalize: str | None = Field(None, pattern="^(none|tensor)$")
-    fedavg_match: str | None = Field(None, pattern="^(pseudo|simulate)$")
-    prior: str | None = Field(None, min_length=1, description="LM prior: smollm2, none, a model")
-    alpha_lm: float | None = Field(None, ge=0)
-    alpha_reg: float | None = Field(None, ge=0)
-    n_init: int | None = Field(None, ge=1)
-    discrete_every: int | None = Field(None, ge=0)
-    candidates: int | None = Field(None, ge=1)
-    label_search: str | None = Field(None, pattern="^(none|init|full)$")
+    dataset: str = Field(
+        "demo", description="dataset name (see `gradleak datasets`), file:PATH or hf:NAME"
+    )
+    data_dir: str | None = Field(None, description="data folder (else $GRADLEAK_DATA_DIR)")
+    split: str | None = Field(None, description="dataset split (default: the dataset's own)")
+    encoding: str | None = Field(None, description="text encoding of a file: dataset")
+    label: Literal["0", "1", "random"] | None = Field(
+        None,
+        description="label every example of an unlabeled file for classification: 0 | 1 | "
+        "random (seeded by --sample-seed)",
+    )
+    n_inputs: int = Field(1, ge=1, description="number of private batches to attack")
+    batch_size: int = Field(1, ge=1, description="private samples per client update (n_k)")
+    max_tokens: int | None = Field(None, ge=2, description="truncate sequences to this many tokens")
+    sample_seed: int = Field(101, description="seed of the input order (LAMP: 101)")
 
-    projections: str | None = Field(None, pattern="^[qkv]+$")
-    rank_tol: float | None = Field(None, gt=0)
-    l1_threshold: float | None = Field(None, gt=0)
-    l2_threshold: float | None = Field(None, gt=0)
-    max_beam: int | None = Field(None, ge=1)
-    max_combinations: int | None = Field(None, ge=1)
-    encoder_beam: int | None = Field(None, ge=1)
-    max_sequences: int | None = Field(None, ge=1)
-    dropout_check: str | None = Field(None, pattern="^(auto|robust|plain)$")
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class Knowledge(BaseModel):
+    """What the server knows besides the global weights, the tokenizer and the protocol."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    known_labels: bool = Field(True, description="the server knows the labels")
+    known_lengths: bool = Field(True, description="the server knows the sequence lengths")
+
+
+class Scenario(BaseModel):
+    """The federated fine-tuning setup under attack."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(
+        "minilm", description="model name (see `gradleak models`), folder or hf:ORG/NAME"
+    )
+    task: Literal["classification", "causal_lm", "qa"] | None = Field(
+        None, description="classification | causal_lm | qa (default: the dataset's)"
+    )
+    data: DataConfig = DataConfig()
+    protocol: Protocol = Protocol()
+    defenses: tuple[SerializeAsAny[DefenseSettings], ...] = Field(
+        (),
+        description="client-side defenses in order, e.g. noise:sigma=0.01 (none: no defense)",
+        json_schema_extra={"option": "--defense"},
+    )
+    knowledge: Knowledge = Knowledge()
+
+    @field_validator("defenses", mode="before")
+    @classmethod
+    def _defense_specs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = parse_defenses(value)
+        return tuple(
+            DEFENSES.settings(item) if not isinstance(item, DefenseSettings) else item
+            for item in value
+        )
 
 
 class RunConfig(BaseModel):
-    """Everything that determines a run's result (the same config and seed give the same
-    result on CPU)."""
+    """Everything that determines a run's result: the same config gives the same result on
+    CPU (for the same torch threads per process)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = "minilm"
-    task: str | None = Field(None, description="default: the dataset's natural task")
-    dataset: str = "demo"
-    data_dir: str | None = None
-    split: str | None = None
-    encoding: str | None = None
-    n_inputs: int = Field(1, ge=1)
-    batch_size: int = Field(1, ge=1)
-    max_tokens: int | None = Field(None, ge=2)
-    seed: int = 0
-    sample_seed: int = Field(101, description="LAMP's input order uses 101")
-    protocol: Protocol = Protocol()
-    known_labels: bool = True
-    known_lengths: bool = True
-    attack: str = "tag"
-    attack_settings: AttackSettings = AttackSettings()
+    scenario: Scenario = Scenario()
+    attack: SerializeAsAny[AttackSettings] = Field(
+        default_factory=lambda: ATTACKS.settings("tag"),
+        description="the attack and its settings",
+    )
+    seed: int = Field(0, description="seed of the run (model head, dropout, defenses, attack)")
+
+    @field_validator("attack", mode="before")
+    @classmethod
+    def _attack_settings(cls, value: Any) -> Any:
+        """The attack's own settings model, chosen by its ``name``."""
+        if isinstance(value, AttackSettings):
+            return value
+        if isinstance(value, str):
+            return ATTACKS.settings(value)
+        if isinstance(value, dict):
+            fields = dict(value)
+            return ATTACKS.settings(fields.pop("name", "tag"), **fields)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat_record(cls, data: Any) -> Any:
+        """Configs of records written before scenario and attack were split still load."""
+        if isinstance(data, dict) and "attack_settings" in data:
+            return legacy_config(data)
+        return data
 
     def identity(self) -> dict[str, Any]:
         """What a stored partial run must agree on to be resumed (the data dir may move)."""
-        return self.identity_of(self.model_dump(mode="json"))
+        identity = self.model_dump(mode="json")
+        identity["scenario"]["data"].pop("data_dir")
+        return identity
 
     @staticmethod
     def identity_of(stored: dict[str, Any]) -> dict[str, Any]:
-        """The identity part of a config as a record stores it (its ``config`` entry)."""
-        return {k: v for k, v in stored.items() if k not in _NOT_IDENTITY}
+        """The identity of a config as a record stores it (either shape)."""
+        return RunConfig.model_validate(stored).identity()
+
+    @property
+    def name(self) -> str:
+        return self.attack.name
 
 
-_NOT_IDENTITY = {"data_dir"}  # fields a run may change and still be the same run
+def legacy_config(old: dict[str, Any]) -> dict[str, Any]:
+    """A config of the earlier flat shape (model, dataset, ..., attack, attack_settings) in
+    today's shape; settings left at None then take the attack's defaults."""
+    data_fields = set(DataConfig.model_fields)
+    settings = {k: v for k, v in (old.get("attack_settings") or {}).items() if v is not None}
+    return {
+        "scenario": {
+            "model": old.get("model", "minilm"),
+            "task": old.get("task"),
+            "data": {k: v for k, v in old.items() if k in data_fields},
+            "protocol": old.get("protocol", {}),
+            "knowledge": {k: old[k] for k in ("known_labels", "known_lengths") if k in old},
+        },
+        "attack": {"name": old.get("attack", "tag"), **settings},
+        "seed": old.get("seed", 0),
+    }
 
 
 def validate_config(**fields: Any) -> RunConfig:
-    """Build a RunConfig, turning pydantic's report into one line for the user."""
+    """Build a RunConfig (either shape), turning pydantic's report into one line."""
     try:
         return RunConfig(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise GradleakError(f"invalid {where.replace('_', '-')}: {first['msg']}") from None
+        raise GradleakError(f"invalid config: {first_error(exc)}") from None

@@ -17,16 +17,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gradleak import experiment
-from gradleak.config import validate_config
+from gradleak import runner
+from gradleak.options import config_from_options
+from gradleak.record import Record
 
-# (title, protocol); the TAG runs.
+# (title, protocol options); the TAG runs.
 SCENARIOS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("EVAL shortcut (papers' code)", {"algorithm": "fedsgd", "mode": "eval"}),
-    ("FedSGD, train mode (realistic)", {"algorithm": "fedsgd", "mode": "train"}),
+    ("EVAL shortcut (papers' code)", {"protocol": "fedsgd", "mode": "eval"}),
+    ("FedSGD, train mode (realistic)", {"protocol": "fedsgd", "mode": "train"}),
     (
         "FedAvg E=2, lr 5e-5 (realistic)",
-        {"algorithm": "fedavg", "mode": "train", "epochs": 2, "lr": 5e-5},
+        {"protocol": "fedavg", "mode": "train", "epochs": 2, "lr": 5e-5},
     ),
 )
 EXACT_TITLE = "DAGER on the FedSGD train-mode client"
@@ -35,33 +36,29 @@ EXACT_TITLE = "DAGER on the FedSGD train-mode client"
 def run_demo(
     steps: int,
     n_inputs: int,
-    show: Callable[[dict[str, Any]], None],
+    show: Callable[[Record], None],
     console: Console,
     model: str = "minilm",
-) -> list[dict[str, Any]]:
+) -> list[Record]:
     """Attack the demo sentences under each scenario, show each result, then a summary."""
     runs = [(title, protocol, "tag", {"steps": steps}) for title, protocol in SCENARIOS]
     runs.append((EXACT_TITLE, SCENARIOS[1][1], "dager", {}))
     records = []
     for title, protocol, attack, settings in runs:
         console.rule(title)
-        config = validate_config(
-            model=model,
-            dataset="demo",
-            n_inputs=n_inputs,
-            batch_size=1,
-            protocol=protocol,
-            attack=attack,
-            attack_settings=settings,
+        config = config_from_options(
+            {"model": model, "dataset": "demo", "n_inputs": n_inputs, "batch_size": 1}
+            | protocol
+            | {"attack": attack, **settings}
         )
-        record = experiment.run(config)
+        record = runner.run(config)
         show(record)
         records.append(record)
     summary = Table(title=f"What leaked from {n_inputs} private sentences (TAG: {steps} steps)")
     for column in ("scenario", "attack", "strict ROUGE-1", "strict ROUGE-2", "exact sentences"):
         summary.add_column(column)
     for (title, _, attack, _), record in zip(runs, records, strict=True):
-        m = record["metrics"].get("strict", {})
+        m = record.metrics.get("strict", {})
         summary.add_row(
             title,
             attack.upper(),
@@ -75,11 +72,11 @@ def run_demo(
     return records
 
 
-def conclusion(records: list[dict[str, Any]]) -> str:
+def conclusion(records: list[Record]) -> str:
     """Two sentences: TAG on the realistic clients against the eval-mode shortcut, then what
     the exact attack took from the realistic FedSGD client."""
-    r1 = [record["metrics"].get("strict", {}).get("rouge1", 0.0) for record in records]
-    exact = records[len(SCENARIOS)]["metrics"].get("strict", {}).get("exact_match", 0.0)
+    r1 = [record.metrics.get("strict", {}).get("rouge1", 0.0) for record in records]
+    exact = records[len(SCENARIOS)].metrics.get("strict", {}).get("exact_match", 0.0)
     r1 = r1[: len(SCENARIOS)]
     shortcut = r1[0]
     realistic = ", ".join(

@@ -30,6 +30,10 @@ class AttackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # One line for ``gradleak attacks``; where one attack class serves several names (DLG,
+    # TAG, LAMP), each name's settings class says what that name is.
+    description: ClassVar[str] = ""
+
     name: str
 
 

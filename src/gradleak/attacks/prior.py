@@ -28,8 +28,6 @@ from transformers import PreTrainedTokenizerBase
 from gradleak.errors import GradleakError
 from gradleak.models.registry import load_victim
 
-NO_PRIOR = "none"
-
 # A candidate is scored as a whole document: after a start token and followed by an end token,
 # as LAMP's BERT-vocabulary GPT-2 read [CLS] text [SEP] (the end rewards a sentence that ends
 # where sentences end, e.g. at its full stop). Instruct tokenizers name chat-turn markers as BOS

@@ -6,9 +6,9 @@ Li's weight-delta matching relies on that); the private batch is the only secret
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gradleak.models.adapters import ROLES
 
@@ -18,9 +18,28 @@ class LoraSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rank: int = Field(32, ge=1)
-    alpha: float | None = Field(None, gt=0, description="defaults to 2 * rank")
-    roles: tuple[str, ...] = ("q", "v")
+    rank: int = Field(
+        32,
+        ge=1,
+        description="fine-tune with LoRA of this rank (peft)",
+        json_schema_extra={"option": "--lora-rank", "enables": True},
+    )
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA alpha (default 2 x rank)",
+        json_schema_extra={"option": "--lora-alpha"},
+    )
+    roles: tuple[str, ...] = Field(
+        ("q", "v"),
+        description="modules LoRA adapts, of qkvofp",
+        json_schema_extra={"option": "--lora-roles"},
+    )
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _roles_text(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _known_roles(self) -> LoraSettings:
@@ -39,9 +58,13 @@ class Protocol(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: Literal["fedsgd", "fedavg"] = "fedsgd"
+    algorithm: Literal["fedsgd", "fedavg"] = Field(
+        "fedsgd",
+        description="fedsgd (one gradient) | fedavg (a weight delta after local training)",
+        json_schema_extra={"option": "--protocol"},
+    )
     mode: Literal["train", "eval"] = Field(
-        "train", description="the client's model mode; train keeps dropout active (realistic)"
+        "train", description="client model mode: train (realistic, dropout active) | eval"
     )
     dropout: float | None = Field(
         None, ge=0.0, lt=1.0, description="override every dropout rate of the model"
@@ -51,11 +74,11 @@ class Protocol(BaseModel):
         None, ge=1, description="FedAvg local batch b (default: all n_k samples in one step)"
     )
     lr: float = Field(5e-5, gt=0.0, description="FedAvg client learning rate")
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="FedAvg client optimizer")
     shuffle: bool = Field(True, description="FedAvg: reshuffle the local data every epoch")
     lora: LoraSettings | None = None
-    freeze_embeddings: bool = False
-    share: str = Field("all", description="which tensors the client sends (see sharing.py)")
+    freeze_embeddings: bool = Field(False, description="do not train the embeddings")
+    share: str = Field("all", description="tensors the client sends: all, or e.g. 3.qv,*.f")
 
     def steps_per_epoch(self, n_samples: int) -> int:
         b = self.local_batch_size or n_samples

@@ -7,7 +7,9 @@ known (labels, sequence lengths); the private token ids never enter it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -32,6 +34,9 @@ class ServerKnowledge:
     template_ids: torch.Tensor | None
     token_type_ids: torch.Tensor | None
     labels: dict[str, torch.Tensor] | None
+    # The client's defenses the scenario declares public, in order, with their parameters
+    # (``gradleak.defenses`` settings): an adaptive attack may undo or model them.
+    defenses: tuple[Any, ...] = ()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -63,6 +68,7 @@ def server_knowledge(
     batch: EncodedBatch,
     known_labels: bool = True,
     known_lengths: bool = True,
+    public_defenses: Sequence[Any] = (),
 ) -> ServerKnowledge:
     """Extract the declared-known facts of ``batch``; the batch itself stays with the caller."""
     tokenizer = global_model.victim.tokenizer
@@ -77,4 +83,5 @@ def server_knowledge(
             else None
         ),
         labels={k: v.clone() for k, v in batch.labels.items()} if known_labels else None,
+        defenses=tuple(public_defenses),
     )

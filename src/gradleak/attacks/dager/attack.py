@@ -19,13 +19,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from gradleak.attacks.base import AttackFailed, Reconstruction
+from gradleak.attacks.base import (
+    Attack,
+    AttackFailed,
+    AttackSettings,
+    Plan,
+    Reconstruction,
+    Refusal,
+)
 from gradleak.attacks.dager.span import SpanBasis, gap_threshold, rounding_noise, span_basis
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
@@ -34,10 +42,10 @@ from gradleak.models.adapters import ModelAdapter, PastKeyValues
 from gradleak.models.tasks import end_with_eos, unwrap
 
 
-class DagerSettings(BaseModel):
+class DagerSettings(AttackSettings):
     """Thresholds and caps. ``None`` thresholds adapt to the update (largest log-gap)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["dager"] = "dager"
 
     projections: str = Field("qkv", pattern="^[qkv]+$", description="which of q/k/v to use")
     rank_tol: float | None = Field(
@@ -205,12 +213,14 @@ class Extension:
     past: PastKeyValues | None = None
 
 
-class DagerAttack:
-    name = "dager"
+class DagerAttack(Attack[DagerSettings]):
+    description = (
+        "DAGER: exact recovery from the span of layer-1/2 q/k/v gradients (Petrov et al. 2024)"
+    )
     paper_pairing = "best"  # its output is a set: the paper scores each reference's best match
 
     def __init__(self, settings: DagerSettings | None = None) -> None:
-        self.settings = settings or DagerSettings()
+        super().__init__(settings or DagerSettings())
 
     # --- the update's projections ---------------------------------------------------------
     def _projection_gradients(
@@ -290,8 +300,12 @@ class DagerAttack:
             noise = [rounding_noise(b.weight, steps) for b in blocks]
         return span_basis(tensors, tensors[0].shape[-1], self.settings.rank_tol, noise)
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
-        self._checked_spans(update, knowledge)
+    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan | Refusal:
+        try:
+            self._checked_spans(update, knowledge)
+        except AttackFailed as exc:
+            return Refusal(str(exc))
+        return Plan()
 
     def _checked_spans(
         self, update: ClientUpdate, knowledge: ServerKnowledge
@@ -338,7 +352,13 @@ class DagerAttack:
         return spans[0], spans[1]
 
     # --- the attack -------------------------------------------------------------------------
-    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
+    def run(
+        self,
+        update: ClientUpdate,
+        knowledge: ServerKnowledge,
+        plan: Plan | None = None,
+        seed: int = 0,
+    ) -> Reconstruction:
         layer1, layer2 = self._checked_spans(update, knowledge)
         gm = knowledge.global_model
         model = gm.copy_model().eval()

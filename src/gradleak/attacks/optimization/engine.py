@@ -22,23 +22,32 @@ DLG and TAG leave them all off and behave exactly as before they existed; ``norm
 
 from __future__ import annotations
 
-import itertools
-import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from gradleak.attacks import initialization as init
-from gradleak.attacks.base import AttackFailed, Reconstruction
+from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction
 from gradleak.attacks.discrete import candidate_permutations, transform_of
 from gradleak.attacks.objective import GradientMatcher, make_distance, matchable_specs
-from gradleak.attacks.prior import NO_PRIOR, CausalLMPrior, LanguagePrior, load_prior_model
+from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
+from gradleak.attacks.optimization.settings import (
+    NO_PRIOR,
+    DlgSettings,
+    OptimizationSettings,
+    TagSettings,
+)
+from gradleak.attacks.optimization.workspace import (
+    DummyBatch,
+    Workspace,
+    allowed_token_mask,
+)
+from gradleak.attacks.prior import CausalLMPrior, LanguagePrior, load_prior_model
 from gradleak.attacks.simulation import LocalTraining
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
@@ -46,180 +55,8 @@ from gradleak.federated.server import ServerKnowledge
 from gradleak.federated.sharing import shared_tensor_specs
 from gradleak.models.tasks import unwrap
 
-_UNUSED = re.compile(r"^\[unused\d+\]$")
-
-# Enumerating unknown labels costs one scoring pass (or one attack) per assignment.
-MAX_LABEL_ASSIGNMENTS = 64
-# Memory for one batched scoring call: per-candidate gradients are materialized. On one CPU
-# thread scoring is memory-bound; MiniLM (11M matched entries) was fastest at about 8 per call.
+# Memory for one batched scoring call: per-candidate gradients are materialized.
 SCORE_MEMORY_BYTES = 2**30
-
-
-class OptimizationSettings(BaseModel):
-    """Hyperparameters of the engine (defaults: LAMP's TAG baseline, every LAMP piece off)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    distance: str = Field("tag", pattern="^(l2|tag|cos)$")
-    steps: int = Field(2500, ge=1)
-    lr: float = Field(0.1, gt=0)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="StepLR factor; 1 = constant lr")
-    lr_decay_every: int = Field(50, ge=1)
-    attacker_mode: str = Field(
-        "eval", pattern="^(eval|train)$", description="model mode for the dummy gradients"
-    )
-    match: str = Field("all", description="subset of the update to match (sharing syntax)")
-    normalize: str = Field(
-        "none",
-        pattern="^(none|tensor)$",
-        description="none: the distance as LAMP ran it | tensor: each matched tensor's term "
-        "scale-free and weighted equally (Li, Xu & Dras eq. 1-4)",
-    )
-    fedavg_match: str = Field(
-        "pseudo",
-        pattern="^(pseudo|simulate)$",
-        description="FedAvg deltas: pseudo (-delta / (steps * lr) as a gradient) | simulate "
-        "(replay local training on the dummy batch, Wang & Li eq. 12-14)",
-    )
-    # --- LAMP ---------------------------------------------------------------------------
-    n_init: int = Field(
-        1, ge=1, description="Gaussian start candidates, then as many random orders (LAMP 500)"
-    )
-    rescale_init: bool = Field(False, description="scale the start's vectors to init_size")
-    init_size: float | None = Field(
-        None, gt=0, description="target embedding norm; None = mean allowed token-embedding norm"
-    )
-    alpha_reg: float = Field(0.0, ge=0, description="weight of the embedding-norm regularizer")
-    discrete_every: int = Field(0, ge=0, description="discrete round every N steps; 0 = none")
-    discrete_burnin: float = Field(
-        0.1, ge=0, le=1, description="no discrete round before this fraction of the steps"
-    )
-    candidates: int = Field(200, ge=1, description="reorderings tried per sentence and round")
-    prior: str = Field(NO_PRIOR, min_length=1, description="causal LM prior, or none")
-    alpha_lm: float = Field(0.0, ge=0, description="weight of the prior's cross-entropy")
-    label_search: str = Field(
-        "none",
-        pattern="^(none|init|full)$",
-        description="unknown labels: none (error) | init (best assignment at the start) | "
-        "full (one attack per assignment, lowest final loss)",
-    )
-    score_batch: int | None = Field(
-        None, ge=0, description="candidates per batched scoring call; 0 = one by one; None = auto"
-    )
-
-    @property
-    def uses_prior(self) -> bool:
-        return self.prior != NO_PRIOR and self.alpha_lm > 0 and self.discrete_every > 0
-
-
-@dataclass
-class DummyBatch:
-    """Free embeddings for the unknown positions plus the fixed embeddings of the template."""
-
-    free: torch.Tensor  # [B, L, d], optimized; only positions in `free_mask` matter
-    fixed: torch.Tensor  # [B, L, d]
-    free_mask: torch.Tensor  # [B, L, 1] bool
-
-    def embeds(self) -> torch.Tensor:
-        return torch.where(self.free_mask, self.free, self.fixed)
-
-
-def allowed_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
-    """Tokens a free position may take: no special tokens, no ``[unusedN]`` placeholders."""
-    allowed = torch.ones(vocab_size, dtype=torch.bool)
-    for token_id in tokenizer.all_special_ids:
-        if token_id < vocab_size:
-            allowed[token_id] = False
-    for token, token_id in tokenizer.get_vocab().items():
-        if token_id < vocab_size and _UNUSED.match(token):
-            allowed[token_id] = False
-    return allowed
-
-
-def project_to_tokens(
-    embeds: torch.Tensor, embedding_matrix: torch.Tensor, allowed: torch.Tensor
-) -> torch.Tensor:
-    """Nearest allowed token of every position by cosine similarity: ``[..., B, L]`` ids."""
-    unit_vocab = torch.nn.functional.normalize(embedding_matrix, dim=-1)
-    unit = torch.nn.functional.normalize(embeds, dim=-1)
-    scores = unit @ unit_vocab.T
-    scores[..., ~allowed] = -float("inf")
-    return scores.argmax(dim=-1)
-
-
-def check_optimization_applies(
-    knowledge: ServerKnowledge, name: str, label_search: str = "none"
-) -> None:
-    """DLG-style attacks need the lengths and, for classification and QA, the labels (or, for
-    classification, a label search)."""
-    if knowledge.template_ids is None:
-        raise GradleakError(f"attack {name} needs known sequence lengths: pass --known-lengths")
-    task = knowledge.global_model.task
-    if task == "causal_lm" or knowledge.labels is not None:
-        return
-    if task != "classification":
-        raise GradleakError(f"attack {name} needs known labels: pass --known-labels")
-    if label_search == "none":
-        raise GradleakError(
-            f"attack {name} needs known labels: pass --known-labels, or --label-search init"
-        )
-    count = _num_labels(knowledge) ** knowledge.batch_size
-    if count > MAX_LABEL_ASSIGNMENTS:
-        raise GradleakError(
-            f"unknown labels of a batch of {knowledge.batch_size} give {count} assignments "
-            f"(at most {MAX_LABEL_ASSIGNMENTS}): pass --known-labels or a smaller batch"
-        )
-
-
-def _num_labels(knowledge: ServerKnowledge) -> int:
-    return int(unwrap(knowledge.global_model.model).config.num_labels)
-
-
-def label_assignments(
-    knowledge: ServerKnowledge, search: str
-) -> list[dict[str, torch.Tensor] | None]:
-    """The label sets to try: the known labels, or every assignment of a classification batch."""
-    if knowledge.labels is not None or search == "none":
-        return [knowledge.labels]
-    choices = itertools.product(range(_num_labels(knowledge)), repeat=knowledge.batch_size)
-    return [{"label": torch.tensor(choice)} for choice in choices]
-
-
-@dataclass
-class Workspace:
-    """What one run works with: the matcher, the vocabulary and the known template."""
-
-    matcher: GradientMatcher
-    embedding: torch.Tensor  # [V, d] token-embedding table
-    allowed: torch.Tensor  # [V] bool
-    template: torch.Tensor  # [B, L]: known ids, -1 at free positions
-    fixed: torch.Tensor  # [B, L, d] embeddings of the known ids
-    needs_ids: bool  # the loss reads token ids: LM targets, a simulated trained table
-    chunk: int  # candidates per batched scoring call (0: one by one)
-    free_positions: list[torch.Tensor] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.free_positions = [(row < 0).nonzero().flatten() for row in self.template]
-
-    @property
-    def free_mask(self) -> torch.Tensor:
-        return (self.template < 0)[..., None]
-
-    def ids(self, free: torch.Tensor) -> torch.Tensor:
-        """Token ids of free embeddings (``[..., B, L, d]``): nearest tokens, template elsewhere."""
-        projected = project_to_tokens(free.detach(), self.embedding, self.allowed)
-        return torch.where(self.template >= 0, self.template, projected)
-
-    def score(self, free: torch.Tensor) -> torch.Tensor:
-        """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
-        group = self.chunk or 32  # one-by-one scoring still projects in groups
-        out = []
-        for start in range(0, free.shape[0], group):
-            part = free[start : start + group]
-            embeds = torch.where(self.free_mask, part, self.fixed)
-            ids = self.ids(part) if self.needs_ids else None
-            out.append(self.matcher.batched_loss(embeds, ids, chunk=self.chunk))
-        return torch.cat(out)
 
 
 @dataclass
@@ -229,7 +66,7 @@ class _Outcome:
     info: dict[str, Any]
 
 
-class OptimizationAttack:
+class OptimizationAttack(Attack[OptimizationSettings]):
     """One engine for the embedding-optimization family; DLG, TAG and LAMP are settings of it.
 
     ``prior_model`` supplies an already loaded ``(causal LM, tokenizer)`` as the prior instead
@@ -237,14 +74,14 @@ class OptimizationAttack:
     on the attack, so a run that attacks many inputs loads it once.
     """
 
+    description = "gradient matching by optimizing token embeddings (DLG, TAG, LAMP)"
+
     def __init__(
         self,
-        name: str,
         settings: OptimizationSettings,
         prior_model: tuple[nn.Module, PreTrainedTokenizerBase] | None = None,
     ) -> None:
-        self.name = name
-        self.settings = settings
+        super().__init__(settings)
         self._prior_model = prior_model
 
     def _match_keys(self, update: ClientUpdate, knowledge: ServerKnowledge) -> list[str] | None:
@@ -259,6 +96,9 @@ class OptimizationAttack:
         if self.settings.uses_prior and self._prior_model is None:
             self._prior_model = load_prior_model(self.settings.prior)
 
+    def release(self) -> None:
+        self._prior_model = None
+
     def prior_for(self, knowledge: ServerKnowledge) -> LanguagePrior | None:
         """The prior, speaking the victim's vocabulary; None when the settings use none."""
         if not self.settings.uses_prior:
@@ -267,7 +107,9 @@ class OptimizationAttack:
         model, tokenizer = self._prior_model
         return CausalLMPrior(self.settings.prior, model, tokenizer, knowledge.tokenizer)
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> None:
+    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan:
+        """Scenario errors (unknown lengths or labels, a FedSGD update to simulate, a --match
+        outside the update) raise ``GradleakError``: they hold for every input."""
         check_optimization_applies(knowledge, self.name, self.settings.label_search)
         if self.settings.fedavg_match == "simulate":
             LocalTraining.from_update(update)  # a FedSGD update or missing facts: one line
@@ -278,6 +120,7 @@ class OptimizationAttack:
                 f"--match '{self.settings.match}' asks for tensors the update does not contain: "
                 "choose a subset of what the client shares"
             )
+        return Plan()
 
     def workspace(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Workspace:
         """The attacker's model copy, matcher and vocabulary for one update."""
@@ -305,8 +148,9 @@ class OptimizationAttack:
             chunk=self._score_chunk(matcher),
         )
 
-    def run(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Reconstruction:
-        self.check(update, knowledge)
+    def run(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+    ) -> Reconstruction:
         s = self.settings
         prior = self.prior_for(knowledge)  # before seeding: loading a model reseeds torch
         generator = torch.Generator().manual_seed(seed)
@@ -502,11 +346,11 @@ class OptimizationAttack:
                 accepted[transform_of(k)] += 1
 
 
-def dlg(steps: int = 2500, **overrides) -> OptimizationAttack:
+def dlg(steps: int = 2500, **overrides: Any) -> OptimizationAttack:
     """DLG (Zhu et al. 2019) as LAMP runs it: squared L2, Adam lr 0.1 constant, 2500 steps."""
-    return OptimizationAttack("dlg", OptimizationSettings(distance="l2", steps=steps, **overrides))
+    return OptimizationAttack(DlgSettings(steps=steps, **overrides))
 
 
-def tag(steps: int = 2500, **overrides) -> OptimizationAttack:
+def tag(steps: int = 2500, **overrides: Any) -> OptimizationAttack:
     """TAG (Deng et al. 2021) as LAMP runs it: L2 + 0.01 L1, Adam lr 0.1 constant, 2500 steps."""
-    return OptimizationAttack("tag", OptimizationSettings(distance="tag", steps=steps, **overrides))
+    return OptimizationAttack(TagSettings(steps=steps, **overrides))

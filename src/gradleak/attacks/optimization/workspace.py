@@ -1,0 +1,85 @@
+"""The dummy batch and the attacker's workspace: free embeddings at the private positions,
+the known template around them, and the projection of embeddings to vocabulary tokens."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from gradleak.attacks.objective import GradientMatcher
+
+_UNUSED = re.compile(r"^\[unused\d+\]$")
+
+
+@dataclass
+class DummyBatch:
+    """Free embeddings for the unknown positions plus the fixed embeddings of the template."""
+
+    free: torch.Tensor  # [B, L, d], optimized; only positions in `free_mask` matter
+    fixed: torch.Tensor  # [B, L, d]
+    free_mask: torch.Tensor  # [B, L, 1] bool
+
+    def embeds(self) -> torch.Tensor:
+        return torch.where(self.free_mask, self.free, self.fixed)
+
+
+def allowed_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
+    """Tokens a free position may take: no special tokens, no ``[unusedN]`` placeholders."""
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    for token_id in tokenizer.all_special_ids:
+        if token_id < vocab_size:
+            allowed[token_id] = False
+    for token, token_id in tokenizer.get_vocab().items():
+        if token_id < vocab_size and _UNUSED.match(token):
+            allowed[token_id] = False
+    return allowed
+
+
+def project_to_tokens(
+    embeds: torch.Tensor, embedding_matrix: torch.Tensor, allowed: torch.Tensor
+) -> torch.Tensor:
+    """Nearest allowed token of every position by cosine similarity: ``[..., B, L]`` ids."""
+    unit_vocab = torch.nn.functional.normalize(embedding_matrix, dim=-1)
+    unit = torch.nn.functional.normalize(embeds, dim=-1)
+    scores = unit @ unit_vocab.T
+    scores[..., ~allowed] = -float("inf")
+    return scores.argmax(dim=-1)
+
+
+@dataclass
+class Workspace:
+    """What one run works with: the matcher, the vocabulary and the known template."""
+
+    matcher: GradientMatcher
+    embedding: torch.Tensor  # [V, d] token-embedding table
+    allowed: torch.Tensor  # [V] bool
+    template: torch.Tensor  # [B, L]: known ids, -1 at free positions
+    fixed: torch.Tensor  # [B, L, d] embeddings of the known ids
+    needs_ids: bool  # the loss reads token ids: LM targets, a simulated trained table
+    chunk: int  # candidates per batched scoring call (0: one by one)
+    free_positions: list[torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.free_positions = [(row < 0).nonzero().flatten() for row in self.template]
+
+    @property
+    def free_mask(self) -> torch.Tensor:
+        return (self.template < 0)[..., None]
+
+    def ids(self, free: torch.Tensor) -> torch.Tensor:
+        """Token ids of free embeddings (``[..., B, L, d]``): nearest tokens, template elsewhere."""
+        projected = project_to_tokens(free.detach(), self.embedding, self.allowed)
+        return torch.where(self.template >= 0, self.template, projected)
+
+    def score(self, free: torch.Tensor) -> torch.Tensor:
+        """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
+        group = self.chunk or 32  # one-by-one scoring still projects in groups
+        out = []
+        for start in range(0, free.shape[0], group):
+            part = free[start : start + group]
+            embeds = torch.where(self.free_mask, part, self.fixed)
+            ids = self.ids(part) if self.needs_ids else None
+            out.append(self.matcher.batched_loss(embeds, ids, chunk=self.chunk))
+        return torch.cat(out)

@@ -1,0 +1,64 @@
+"""The defense contract: a client-side transformation of what the client sends.
+
+A defense acts where the mathematics puts it (its ``stage``):
+
+* ``per_update``: on the finished update (Gaussian noise, pruning, sign compression);
+* ``per_sample``: inside the client's local steps, on each example's gradient (DP-SGD's
+  clipping and noise);
+* ``across_clients``: on the sum of several clients' updates (secure aggregation).
+
+The scenario lists its defenses in order; the client applies them in that order; the record
+names each with its parameters; the server's knowledge holds the ones declared ``public``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Generic, Literal, TypeVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradleak.federated.client import ClientUpdate
+
+Stage = Literal["per_sample", "per_update", "across_clients"]
+
+
+class DefenseSettings(BaseModel):
+    """Base of every defense's settings. A subclass declares ``name`` as a one-value
+    ``Literal`` and its parameters as fields (``--defense NAME:KEY=VALUE,...``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: ClassVar[str] = ""
+
+    name: str
+    public: bool = Field(
+        True, description="the server knows this defense and its parameters (Kerckhoffs)"
+    )
+
+
+SettingsT = TypeVar("SettingsT", bound=DefenseSettings)
+
+
+class Defense(ABC, Generic[SettingsT]):
+    """Base class of every defense; subclass one of the stage classes below."""
+
+    stage: ClassVar[Stage]
+
+    def __init__(self, settings: SettingsT) -> None:
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+
+class UpdateDefense(Defense[SettingsT]):
+    """A defense on the finished update."""
+
+    stage: ClassVar[Stage] = "per_update"
+
+    @abstractmethod
+    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+        """The defended update; random draws come from ``generator`` only."""

@@ -1,0 +1,39 @@
+"""Gaussian noise on the update (LAMP Table 5; Wu et al. 2023, Table 2)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from gradleak.defenses.base import DefenseSettings, UpdateDefense
+from gradleak.federated.client import ClientUpdate
+
+
+class NoiseSettings(DefenseSettings):
+    description: ClassVar[str] = (
+        "Gaussian noise on every tensor of the update: absolute sigma, or (relative=true) "
+        "sigma times each tensor's RMS, so the noise's norm is about sigma x the tensor's"
+    )
+
+    name: Literal["noise"] = "noise"
+    sigma: float = Field(gt=0, description="standard deviation (or its ratio, with relative)")
+    relative: bool = Field(False, description="scale sigma by each tensor's RMS")
+
+
+class GaussianNoise(UpdateDefense[NoiseSettings]):
+    """Adds independent N(0, std^2) noise to every entry of every tensor of the update."""
+
+    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+        noised = {}
+        for key in sorted(update.tensors):  # a fixed order: the same seed draws the same noise
+            tensor = update.tensors[key]
+            std = self.settings.sigma
+            if self.settings.relative:
+                std *= float(tensor.norm()) / math.sqrt(max(1, tensor.numel()))
+            noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+            noised[key] = tensor + std * noise
+        tensors = {key: noised[key] for key in update.tensors}
+        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))

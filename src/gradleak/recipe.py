@@ -1,0 +1,205 @@
+"""The recipe of one run, read top to bottom: scenario -> client update -> defenses -> attack
+-> evaluation. ``runner`` repeats it over inputs (resume, workers, progress).
+
+Data flows one way. The private batch goes to the client and, after the attack, to the
+evaluator; the attack gets only the defended update and the server's knowledge.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gradleak import metrics
+from gradleak.attacks import ATTACKS, Attack, AttackFailed, Refusal
+from gradleak.config import RunConfig
+from gradleak.data import DATASETS, FILE_PREFIX, Example, load_examples, sample_batches
+from gradleak.defenses import Defense, apply_update_defenses, build_defenses, format_defenses
+from gradleak.environment import peak_memory_mb, reset_peak_memory
+from gradleak.errors import GradleakError
+from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.server import server_knowledge
+from gradleak.models.registry import Victim, load_victim
+from gradleak.models.tasks import encode_examples
+
+# Independent seed streams of one input.
+CLIENT_STREAM, ATTACK_STREAM, DEFENSE_STREAM = 0, 1, 2
+
+
+def derived_seed(seed: int, index: int, stream: int) -> int:
+    """Independent, reproducible seeds per input and stream (client, attack, defenses)."""
+    return (seed * 1_000_003 + index * 7919 + stream) % (2**63)
+
+
+@dataclass
+class Prepared:
+    """What a run loads once before attacking its inputs."""
+
+    victim: Victim
+    global_model: GlobalModel
+    batches: list[list[Example]]
+    task: str
+    attack: Attack  # built once: what it loads (an LM prior) serves every input
+    defenses: list[Defense]
+    load_s: float
+
+
+def build_attack(config: RunConfig) -> Attack:
+    """The configured attack, nothing loaded yet."""
+    return ATTACKS.build(config.attack)
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Load data, model, attack and defenses; every user error surfaces here, before any
+    input is attacked."""
+    start = time.perf_counter()
+    scenario, data = config.scenario, config.scenario.data
+    examples = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
+    batches = sample_batches(examples, data.n_inputs, data.batch_size, seed=data.sample_seed)
+    task = scenario.task or default_task(data.dataset, examples)
+    defenses = build_defenses(scenario.defenses)
+    attack = build_attack(config)
+    attack.prepare()
+    victim = load_victim(scenario.model, task, seed=config.seed)
+    if task == "causal_lm" and not victim.is_decoder:
+        raise GradleakError(
+            f"task causal_lm needs a decoder model (smollm2, tiny-gpt2, tiny-llama); "
+            f"{scenario.model} is an encoder: use --task classification"
+        )
+    global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
+    load_s = time.perf_counter() - start
+    return Prepared(victim, global_model, batches, task, attack, defenses, load_s)
+
+
+def default_task(dataset: str, examples: list[Example]) -> str:
+    if dataset.startswith(FILE_PREFIX):
+        if any(ex.context is not None for ex in examples):
+            return "qa"
+        return "classification" if all(ex.label is not None for ex in examples) else "causal_lm"
+    return DATASETS[dataset].task
+
+
+def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str, Any]:
+    """Run the client's round on private batch ``index``, attack it, and score the result.
+
+    Returns the sample as the store keeps it (``store.ResultStore``): per-pair scores
+    included, so that a resumed run can aggregate them."""
+    victim, gm = prepared.victim, prepared.global_model
+    knows = config.scenario.knowledge
+    batch_examples = prepared.batches[index]
+    batch = encode_examples(
+        victim.tokenizer,
+        batch_examples,
+        prepared.task,
+        victim.adapter.max_positions(victim.model),
+        config.scenario.data.max_tokens,
+    )
+    reset_peak_memory()  # this input's window: the update, the attack and its prior
+    started = time.perf_counter()
+    update = compute_update(gm, batch, seed=derived_seed(config.seed, index, CLIENT_STREAM))
+    if prepared.defenses:
+        noise = torch.Generator().manual_seed(derived_seed(config.seed, index, DEFENSE_STREAM))
+        update = apply_update_defenses(update, prepared.defenses, noise)
+    update_s = time.perf_counter() - started
+    public = tuple(d.settings for d in prepared.defenses if d.settings.public)
+    knowledge = server_knowledge(gm, batch, knows.known_labels, knows.known_lengths, public)
+    references_ids = [
+        row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)
+    ]
+    del batch  # from here on only the evaluator holds the ground truth (references_ids)
+    attack = prepared.attack
+    plan = attack.check(update, knowledge)
+    if isinstance(plan, Refusal):  # a limit of this batch (e.g. DAGER's rank): record, go on
+        return {"index": index, "error": plan.reason, "attack_s": 0.0, "update_s": update_s}
+    started = time.perf_counter()
+    try:
+        seed = derived_seed(config.seed, index, ATTACK_STREAM)
+        reconstruction = attack.run(update, knowledge, plan=plan, seed=seed)
+    except AttackFailed as exc:
+        attack_s = time.perf_counter() - started
+        return {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
+    attack_s = time.perf_counter() - started
+    scores = evaluate(
+        index, victim.tokenizer, references_ids, reconstruction.token_ids, attack.paper_pairing
+    )
+    return scores | {
+        "labels": [ex.label for ex in batch_examples],
+        "attack_s": attack_s,
+        "update_s": update_s,
+        "phase_s": reconstruction.seconds,
+        "peak_rss_mb": peak_memory_mb(),
+        "info": reconstruction.info,
+    }
+
+
+def evaluate(
+    index: int, tokenizer, references_ids, predictions_ids, paper_pairing: str = "matched"
+) -> dict[str, Any]:
+    """Score one batch: strict (specials removed, Hungarian matching) and paper-compatible
+    (paired the way the attack's own paper pairs, see ``metrics.paper_scores``)."""
+    special = set(tokenizer.all_special_ids)
+
+    def clean(ids: list[int]) -> list[int]:
+        return [t for t in ids if t not in special]
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    references = [text(ids) for ids in references_ids]
+    predictions = [text(ids) for ids in predictions_ids]
+    strict = metrics.strict_scores(
+        predictions,
+        references,
+        special_tokens=tokenizer.all_special_tokens,
+        prediction_ids=[clean(ids) for ids in predictions_ids],
+        reference_ids=[clean(ids) for ids in references_ids],
+    )
+    paper = metrics.paper_scores(
+        [tokenizer.decode(ids) for ids in predictions_ids],
+        [tokenizer.decode(ids) for ids in references_ids],
+        pairing=paper_pairing,
+    )
+    return {
+        "index": index,
+        "reference": references,
+        "prediction": predictions,
+        "exact": [pair.exact_match == 100.0 for pair in strict.pairs],
+        "strict": strict.to_dict(),
+        "paper": paper.to_dict(),
+    }
+
+
+def scenario_label(config: RunConfig) -> str:
+    """Wang & Li's names: EVAL (client in eval mode, the old shortcut), TRAIN (client and
+    attacker in train mode), TRAIN_EVAL (client in train mode, attacker in eval mode)."""
+    if config.scenario.protocol.mode == "eval":
+        return "EVAL"
+    attacker = getattr(config.attack, "attacker_mode", "eval")
+    return "TRAIN" if attacker == "train" else "TRAIN_EVAL"
+
+
+def describe_scenario(config: RunConfig, dropout: float) -> dict[str, Any]:
+    """The scenario's label and a one-line description for tables and records."""
+    p = config.scenario.protocol
+    if p.algorithm == "fedsgd":
+        rounds = "FedSGD (one gradient)"
+    else:
+        local_batch = p.local_batch_size or config.scenario.data.batch_size
+        rounds = f"FedAvg (E={p.epochs}, b={local_batch}, lr={p.lr}, {p.optimizer})"
+    active = f"dropout {dropout:g}" if p.mode == "train" else "dropout off"
+    parts = [rounds, f"client in {p.mode} mode ({active})"]
+    if p.lora:
+        parts.append(f"LoRA r={p.lora.rank}")
+    if p.freeze_embeddings:
+        parts.append("frozen embeddings")
+    if p.share != "all":
+        parts.append(f"sharing {p.share}")
+    if config.scenario.defenses:
+        parts.append(f"defenses {format_defenses(config.scenario.defenses)}")
+    text = ", ".join(parts)
+    if p.mode == "eval":
+        text += " [EVAL shortcut: a real client trains in train mode]"
+    return {"label": scenario_label(config), "realistic": p.mode == "train", "text": text}

@@ -1,0 +1,218 @@
+"""Running a config over its inputs: resume from what is stored, attack the rest (here or in
+worker processes), report progress, and assemble the typed record."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+import torch
+
+from gradleak import __version__, metrics
+from gradleak.config import RunConfig
+from gradleak.environment import machine, versions
+from gradleak.errors import GradleakError
+from gradleak.recipe import Prepared, attack_input, describe_scenario, prepare
+from gradleak.record import Record
+from gradleak.store import ResultStore
+
+# Called after every finished input: (inputs done, inputs wanted, the stored sample).
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+def run(
+    config: RunConfig,
+    out: str | None = None,
+    progress: Progress | None = None,
+    limit: int | None = None,
+    workers: int = 1,
+) -> Record:
+    """Run ``config`` and return its record (also written to ``out`` when given).
+
+    ``limit`` stops after the first ``limit`` inputs: the record then covers only those, and
+    ``out`` keeps them as a part-way run that a later call resumes (a long table can be filled
+    a few inputs per cell at a time, every cell comparable, none redone).
+
+    ``workers`` > 1 attacks that many inputs at once in separate processes, splitting the
+    torch threads between them (see :func:`attack_in_workers`)."""
+    if limit is not None and limit < 1:
+        raise GradleakError(f"limit must be at least 1 input, got {limit}")
+    if workers < 1:
+        raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
+    total_start = time.perf_counter()
+    store = ResultStore(out, config.identity())
+    finished = store.load_finished()
+    prepared = prepare(config)
+    store.start()
+    wanted = range(len(prepared.batches[:limit]))
+    done = {i: finished[i] for i in wanted if i in finished}
+    pending = [i for i in wanted if i not in done]
+    for count, index in enumerate(sorted(done), 1):
+        if progress:
+            progress(count, len(wanted), done[index])
+    parallel = workers > 1 and len(pending) > 1
+    threads = worker_threads(workers) if parallel else torch.get_num_threads()
+    if parallel:  # each worker loads its own prior: this process's copy would only hold memory
+        prepared.attack.release()
+        new_samples = attack_in_workers(config, pending, workers)
+    else:
+        new_samples = (attack_input(config, prepared, i) for i in pending)
+    for sample in new_samples:
+        store.append(sample)
+        done[sample["index"]] = sample
+        if progress:
+            progress(len(done), len(wanted), sample)
+    samples = [done[i] for i in wanted]
+    total_s = time.perf_counter() - total_start
+    record = build_record(config, prepared, samples, total_s, threads, workers if parallel else 1)
+    if len(samples) == len(prepared.batches):
+        store.finish(record.to_json())
+    return record
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's metrics over its scored samples (failed inputs left out); {} if none."""
+    scored = [s for s in samples if "error" not in s]
+    if not scored:
+        return {}
+    return metrics.aggregate(
+        [metrics.StrictResult.from_dict(s["strict"]) for s in scored],
+        [metrics.PaperResult.from_dict(s["paper"]) for s in scored],
+    )
+
+
+def build_record(
+    config: RunConfig,
+    prepared: Prepared,
+    samples: list[dict[str, Any]],
+    total_s: float,
+    threads: int,
+    workers: int = 1,
+) -> Record:
+    """The record of stored samples (as ``recipe.attack_input`` returns them)."""
+    dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
+    return Record(
+        gradleak_version=__version__,
+        config=config,
+        task=prepared.task,
+        scenario=describe_scenario(config, dropout),
+        samples=[public_sample(s) for s in samples],
+        metrics=summarize(samples),
+        failed_inputs=[s["index"] for s in samples if "error" in s],
+        timing={
+            "total_s": total_s,
+            "attack_s": sum(s["attack_s"] for s in samples),
+            "update_s": sum(s.get("update_s") or 0.0 for s in samples),
+            "load_s": prepared.load_s,
+        },
+        versions=versions(),
+        machine=machine(),
+        torch_threads=threads,
+        workers=workers,
+    )
+
+
+def public_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A stored sample as the record shows it: texts, exactness and per-batch means (the
+    per-pair scores stay in the store)."""
+    if "error" in sample:
+        return sample
+    strict = metrics.StrictResult.from_dict(sample["strict"])
+    paper = metrics.PaperResult.from_dict(sample["paper"])
+    return {
+        **{k: sample[k] for k in ("index", "reference", "prediction", "exact", "labels")},
+        "metrics": {"strict": strict.means, "paper": dict(paper.means)},
+        "matching": strict.matching,
+        "attack_s": sample["attack_s"],
+        "update_s": sample.get("update_s"),
+        "phase_s": sample.get("phase_s", {}),
+        "peak_rss_mb": sample.get("peak_rss_mb"),
+        "info": sample.get("info", {}),
+    }
+
+
+# --- inputs in parallel ----------------------------------------------------------------------
+# A small gradient-matching step uses two threads poorly, so two 1-thread processes attacking
+# two inputs finish a table sooner than one 2-thread process. Each input's seeds derive from
+# its index, so results do not depend on which worker ran it; they can differ from a run with
+# another thread count per process in the last float bits (reduction order).
+
+
+def worker_threads(workers: int) -> int:
+    """Torch threads of each of ``workers`` processes: an equal share, at least one."""
+    return max(1, torch.get_num_threads() // workers)
+
+
+class _Worker:
+    """What a worker process holds: its config and what it prepared (one per process)."""
+
+    config: RunConfig
+    prepared: Prepared
+
+
+def _start_worker(config: RunConfig, threads: int, parent: int) -> None:
+    torch.set_num_threads(threads)
+    _exit_with_parent(parent)
+    _Worker.config = config
+    _Worker.prepared = prepare(config)
+
+
+def _attack_in_worker(index: int) -> dict[str, Any]:
+    return attack_input(_Worker.config, _Worker.prepared, index)
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this worker within ``poll_s`` of the death of ``parent`` (the run's pid, passed
+    down: if the run died while this worker was still starting, it ends at once).
+
+    A run killed outright (SIGTERM, SIGKILL, a scheduler's time limit) runs no cleanup, and its
+    workers would go on attacking inputs whose results nobody will store, holding the cores."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def attack_in_workers(
+    config: RunConfig, pending: list[int], workers: int
+) -> Iterator[dict[str, Any]]:
+    """Attack ``pending`` inputs in ``workers`` spawned processes, yielding samples as they
+    finish (so the store keeps each at once). Each worker loads the models once and gets an
+    equal share of this process's torch threads (at least one).
+
+    An error or an interrupt stops the workers at once: the inputs they were on are lost either
+    way, and waiting for them would only hold the cores."""
+    threads = worker_threads(workers)
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
+    before = set(multiprocessing.active_children())
+    with ProcessPoolExecutor(
+        min(workers, len(pending)), mp_context=context, initializer=_start_worker,
+        initargs=(config, threads, os.getpid()),
+    ) as pool:  # fmt: skip
+        futures = [pool.submit(_attack_in_worker, i) for i in pending]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        except BaseException:  # an error, an interrupt, or the consumer stopped early
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_processes(set(multiprocessing.active_children()) - before)
+            raise
+
+
+def stop_processes(processes: set[multiprocessing.process.BaseProcess]) -> None:
+    """End ``processes`` now: terminate, then kill what is still alive after 5 s."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
