@@ -97,16 +97,25 @@ def test_a_module_run_twice_is_refused():
 
 @pytest.mark.parametrize("tokens", [2, 9])  # 9 x 9 > 4 x 3: the gradient itself is formed
 def test_linear_statistics_equal_the_materialized_gradient(tokens):
+    """Each group's statistics are those of its own mean loss's gradient, for linear weights
+    of one shape stacked into one product (the last two layers) and of another shape alone."""
     torch.manual_seed(0)
-    layers = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))
+    layers = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    )
     specs = [
-        TensorSpec(key=f"{i}.{a}", param=f"{i}.{a}") for i in (0, 1) for a in ("weight", "bias")
+        TensorSpec(key=f"{i}.{a}", param=f"{i}.{a}") for i in (0, 1, 2) for a in ("weight", "bias")
     ]
     targets = [torch.randn_like(p) for p in layers.parameters()]
     ghost = GhostStatistics(layers, specs, targets)
-    x = torch.randn(1, tokens, 4)
-    inner, norm = ghost.statistics(lambda: layers(x).pow(2).mean(), rows=1)
-    grads = torch.autograd.grad(layers(x).pow(2).mean(), list(layers.parameters()))
-    expected = [(g * t).sum() for g, t in zip(grads, targets, strict=True)]
-    assert torch.allclose(inner[0], torch.stack(expected))
-    assert torch.allclose(norm[0], torch.stack([g.pow(2).sum() for g in grads]))
+    assert [len(indices) for indices, _ in ghost.linear_groups] == [1, 2]
+    groups = 3
+    x = torch.randn(groups, tokens, 4)
+    inner, norm = ghost.statistics(lambda: layers(x).pow(2).mean(), rows=groups, groups=groups)
+    assert inner.shape == norm.shape == (groups, len(specs))
+    for g in range(groups):
+        grads = torch.autograd.grad(layers(x[g : g + 1]).pow(2).mean(), list(layers.parameters()))
+        expected = [(d * t).sum() for d, t in zip(grads, targets, strict=True)]
+        assert torch.allclose(inner[g], torch.stack(expected), rtol=1e-4, atol=1e-6)
+        assert torch.allclose(norm[g], torch.stack([d.pow(2).sum() for d in grads]), rtol=1e-4)
+    assert not torch.allclose(inner[0], inner[1])  # the groups differ, so the test can fail

@@ -66,6 +66,9 @@ def test_normalization_makes_each_tensor_scale_free():
     distance = make_distance("tag", "tensor")
     scaled = [dummy[0] * 1e4, dummy[1]], [target[0], target[1] * 1e-4]
     assert distance(*scaled).item() == pytest.approx(distance(dummy, target).item(), rel=1e-5)
+    # the scaling does change the unnormalized distance, so the equality above is normalization's
+    plain = make_distance("tag")
+    assert plain(*scaled).item() > 1e3 * plain(dummy, target).item()
 
 
 def test_defaults_leave_dlg_tag_and_lamp_as_lamp_ran_them():
@@ -213,8 +216,18 @@ def test_a_table_tied_to_the_output_head_is_replayed_whole(tiny_victim):
     protocol = Protocol(algorithm="fedavg", mode="eval", epochs=2, lr=1e-2)
     batch, gm, update, knowledge = scenario(victim, protocol)
     matcher = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
-    assert matcher.simulator.table is not None
+    table = matcher.simulator.table
+    assert table is not None and not table.input_only
     assert matcher.simulator.table_rows(batch.input_ids) is None  # the head reads every row
+    # The head gives rows the batch never reads a gradient too: carrying only the read rows
+    # would lose those, and the whole-table replay reproduces the client's delta.
+    truth = true_embeddings(victim, matcher, batch)
+    delta = matcher.simulator.delta(truth, knowledge.labels or {}, batch.input_ids)[table.name]
+    unread = torch.ones(delta.shape[0], dtype=torch.bool)
+    unread[batch.input_ids.flatten()] = False
+    assert delta[unread].abs().max() > 1e-4
+    sent = update.tensors[table.name]
+    assert (delta - sent).norm() <= 1e-4 * sent.norm()
 
 
 def test_one_sgd_step_simulated_is_the_pseudo_gradient(tiny_victim):
@@ -225,9 +238,15 @@ def test_one_sgd_step_simulated_is_the_pseudo_gradient(tiny_victim):
     pseudo = GradientMatcher(update, knowledge, l2_distance)
     simulate = GradientMatcher(update, knowledge, l2_distance, fedavg_match="simulate")
     embeds = torch.randn(*batch.input_ids.shape, 64)
-    assert simulate.loss(embeds, batch.input_ids).item() == pytest.approx(
-        pseudo.loss(embeds).item(), rel=1e-5
-    )
+    simulated = simulate.dummy_gradients(embeds, batch.input_ids, create_graph=False)
+    gradients = pseudo.dummy_gradients(embeds, create_graph=False)
+    assert simulate.keys == pseudo.keys
+    # Tensor by tensor, up to the float32 rounding of the replayed step (see the next test).
+    for key, s, g in zip(simulate.keys, simulated, gradients, strict=True):
+        assert (s - g).norm() <= 1e-2 * g.norm() + 1e-7, key
+    loss = pseudo.loss(embeds).item()
+    assert loss > 0  # random embeddings are far from the truth: both losses are not just 0
+    assert simulate.loss(embeds, batch.input_ids).item() == pytest.approx(loss, rel=1e-5)
 
 
 def test_the_replay_reproduces_the_rounding_of_a_float32_delta(tiny_victim):
@@ -264,10 +283,28 @@ def test_simulation_matches_only_the_chosen_subset_and_reaches_the_embeddings(ti
     assert len(ws.matcher.simulator.initial) == sum(
         p.requires_grad for p in victim.model.parameters()
     )
-    embeds = torch.randn(*batch.input_ids.shape, 64, requires_grad=True)
-    ws.matcher.loss(embeds, ws.ids(embeds)).backward()
-    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
     assert ws.needs_ids  # the trained embedding table moves the inputs of step 2
+    torch.manual_seed(0)
+    embeds = torch.randn(*batch.input_ids.shape, 64, requires_grad=True)
+    ids = ws.ids(embeds)
+    loss = ws.matcher.loss(embeds, ids)
+    # TAG between the replayed and the received delta of the two chosen tensors, in gradient
+    # units: no other tensor enters the loss.
+    scale = -1.0 / (update.metadata["local_steps"] * update.metadata["lr"])
+    delta = ws.matcher.simulator.delta(embeds.detach(), knowledge.labels, ids)
+    diffs = [scale * delta[k] - scale * update.tensors[k] for k in ws.matcher.keys]
+    want = sum((d**2).sum() + 0.01 * d.abs().sum() for d in diffs)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    # The gradient reaches the embeddings through the whole replay: it is the loss's slope.
+    (slope,) = torch.autograd.grad(loss, [embeds])
+    direction = torch.randn(embeds.shape, generator=torch.Generator().manual_seed(1))
+    step = 1e-2
+    with torch.no_grad():
+        ahead = ws.matcher.loss(embeds + step * direction, ids, create_graph=False)
+        behind = ws.matcher.loss(embeds - step * direction, ids, create_graph=False)
+    assert ((ahead - behind) / (2 * step)).item() == pytest.approx(
+        (slope * direction).sum().item(), rel=3e-2
+    )
 
 
 @pytest.mark.parametrize("fedavg_match", ["pseudo", "simulate"])

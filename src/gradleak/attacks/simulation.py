@@ -32,17 +32,16 @@ What the simulation assumes, and when it is exact (a test checks the exact cases
   row excepted, as ``padding_idx`` does). Without ids the drift is left out.
 
 Rounding. The client's delta is ``w* - w`` in float32, and at FedAvg's small learning rates
-``lr * g`` is often near a weight's last bit (MiniLM, lr 5e-5: ``-delta / lr`` has a mean
-per-tensor cosine of 0.89 with the gradient it came from). The replay repeats the client's
-arithmetic (torch.optim's single-rounding SGD update, then the subtraction), so at the truth it
-reproduces the delta bit for bit and the matching loss is 0, where the pseudo-gradient stays at
-the rounding's floor. So even a one-step round is replayed, not matched as its gradient (which
-is the same function only in exact arithmetic); the README gives what each scored.
+``lr * g`` is often near a weight's last bit, so ``-delta / lr`` is visibly off the gradient it
+came from. The replay repeats the client's arithmetic (torch.optim's single-rounding SGD update,
+then the subtraction), so at the truth it reproduces the delta bit for bit and the matching
+loss is 0, where the pseudo-gradient stays at the rounding's floor. So even a one-step round is
+replayed, not matched as its gradient (which is the same function only in exact arithmetic).
 
 Cost. Where the table only feeds the input (not tied to an output head), only its rows that
 the batch reads ever get a gradient, so the replay carries just those rows (any superset gives
-the same numbers: a row without gradient stays put under SGD and Adam alike). On MiniLM the
-table is half of the 22.7M weights, and its dense updates were half of a replay's time.
+the same numbers: a row without gradient stays put under SGD and Adam alike). A token table is
+a large share of a small encoder's weights, and its dense update would be replayed every step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""Distances between a dummy update and the received one, over the matched tensors.
+
+DLG's squared L2, TAG's squared L2 plus L1, and the cosine distance (Geiping et al.; LAMP_cos).
+``normalize="tensor"`` makes every tensor's term scale-free and weighs the terms equally (Li, Xu
+& Dras 2024, eq. 1-4; see :func:`per_tensor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gradleak.errors import GradleakError
+
+TensorDistance = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
+# (inner [..., K], norm [..., K], target norms [K]) -> loss [...]: see ``Distance``.
+StatisticsDistance = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Distance:
+    """A distance between the dummy and the received update, over matched tensors.
+
+    ``from_statistics``, where the distance has one, gives the same number from each tensor's
+    ``<G, T>`` and squared norms alone (see :mod:`gradleak.attacks.ghost`), which needs no
+    materialized dummy gradient. Only the cosine has one: TAG's L1 term has no such form, and
+    squared L2 written as ``||G||^2 - 2 <G, T> + ||T||^2`` cancels near the truth to float32
+    rounding noise of ``||T||^2``, far above what the direct form resolves and DLG's loss needs.
+    """
+
+    on_tensors: TensorDistance
+    from_statistics: StatisticsDistance | None = None
+
+    def __call__(self, dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        return self.on_tensors(dummy, target)
+
+
+def _l2(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+    """DLG: sum over tensors of the squared L2 distance."""
+    return sum(((d - t) ** 2).sum() for d, t in zip(dummy, target, strict=True))
+
+
+l2_distance = Distance(_l2)
+
+
+def tag_distance(l1_weight: float = 0.01) -> Distance:
+    """TAG: squared L2 plus ``l1_weight`` times L1 (the LAMP reference's weighting)."""
+
+    def distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        total = 0.0
+        for d, t in zip(dummy, target, strict=True):
+            diff = d - t
+            total = total + (diff**2).sum() + l1_weight * diff.abs().sum()
+        return total
+
+    return Distance(distance)
+
+
+def _cos(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+    """Mean over tensors of 1 - cosine similarity (Geiping et al.; LAMP_cos).
+
+    Written as one dot product and two norms per tensor: ``F.cosine_similarity`` would
+    materialize normalized copies of both tensors, an extra pass over every matched entry.
+    """
+    terms = []
+    for d, t in zip(dummy, target, strict=True):
+        d, t = d.flatten(), t.flatten()
+        norms = torch.linalg.vector_norm(d) * torch.linalg.vector_norm(t)
+        terms.append(1 - torch.dot(d, t) / norms.clamp_min(1e-12))
+    return torch.stack(terms).mean()
+
+
+def _cos_statistics(inner: torch.Tensor, norm: torch.Tensor, target: torch.Tensor):
+    # The floor keeps sqrt's gradient finite where a dummy gradient is exactly zero (a LoRA A
+    # matrix whose B is still zero); vector_norm's subgradient there is zero too.
+    norms = norm.clamp_min(1e-30).sqrt() * target.sqrt()
+    return (1 - inner / norms.clamp_min(1e-12)).mean(-1)
+
+
+cos_distance = Distance(_cos, _cos_statistics)
+
+DISTANCES: dict[str, Distance] = {
+    "l2": l2_distance,
+    "tag": tag_distance(),
+    "cos": cos_distance,
+}
+
+NORMALIZATIONS = ("none", "tensor")
+
+
+def _unit(t: torch.Tensor) -> torch.Tensor:
+    return t / torch.linalg.vector_norm(t).clamp_min(1e-12)
+
+
+def per_tensor(distance: Distance) -> Distance:
+    """Li, Xu & Dras's per-tensor normalization, for any distance ``D``.
+
+    Their objective sums ``D(dW'_{m,i}, dW_{m,i})`` over the matched layers i and modules m
+    (eq. 1), with D the cosine distance ``1 - <dW', dW> / (||dW'|| ||dW||)`` (eq. 2), and
+    weighs the terms equally, ``1/l`` over all l layers (eq. 4). The cosine normalizes each
+    tensor by its own norm; written for any D that is ``D(dW'/||dW'||, dW/||dW||)``, and the
+    terms are averaged, ``1/n`` over the n matched tensors, as their code and LAMP's do. For
+    squared L2 this is exactly ``2 (1 - cos)``: eq. 2 up to the factor 2.
+
+    Where this deviates from the paper, and why: eq. 1 is a plain sum over (layer, module)
+    pairs and eq. 4 weighs whole layers by ``1/l``; the mean over tensors has the same minimizer
+    as eq. 1 and keeps the loss in [0, 2] whatever the subset, so LAMP's alpha_reg and alpha_lm
+    keep their meaning. The unit is one update tensor: a module's weight and bias are separate
+    terms (the paper's dW_{m,i} counts the weight matrix only; gradleak's ``3.q`` sends both).
+    """
+
+    def normalized(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        terms = [distance([_unit(d)], [_unit(t)]) for d, t in zip(dummy, target, strict=True)]
+        return torch.stack(terms).mean()
+
+    return Distance(normalized)
+
+
+def make_distance(name: str, normalize: str = "none") -> Distance:
+    """The distance ``name`` (l2, tag, cos), per-tensor normalized when asked.
+
+    The cosine distance already is the normalized form (eq. 2 averaged over tensors), so it is
+    returned as is: normalizing copies first would give the same number at twice the cost.
+    """
+    if name not in DISTANCES or normalize not in NORMALIZATIONS:
+        raise GradleakError(
+            f"unknown distance '{name}' or normalization '{normalize}': use one of "
+            f"{', '.join(DISTANCES)} and {' | '.join(NORMALIZATIONS)}"
+        )
+    if normalize == "none" or name == "cos":
+        return DISTANCES[name]
+    return per_tensor(DISTANCES[name])
