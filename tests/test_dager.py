@@ -8,7 +8,8 @@ from conftest import encode
 
 from gradleak.attacks import AttackFailed, make_attack
 from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
-from gradleak.attacks.dager.attack import SpanCheck, _anchored
+from gradleak.attacks.dager.check import SpanCheck
+from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
