@@ -7,8 +7,17 @@ import torch
 from conftest import encode
 
 from gradleak.attacks import AttackFailed, make_attack
-from gradleak.attacks.dager import DagerAttack, DagerSettings, estimate_rank, span_basis
-from gradleak.attacks.dager.attack import SpanCheck, _anchored
+from gradleak.attacks.base import Refusal
+from gradleak.attacks.dager import (
+    DagerAttack,
+    DagerPlan,
+    DagerSettings,
+    estimate_rank,
+    span_basis,
+)
+from gradleak.attacks.dager import check as check_module
+from gradleak.attacks.dager.check import SpanCheck
+from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -19,16 +28,22 @@ from gradleak.federated.server import server_knowledge
 BATCH = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
 
 
-def attack(victim, protocol, examples=BATCH, settings=None):
+def client_round(victim, protocol, examples=BATCH):
+    """The client's update on ``examples`` and what the server knows of it."""
     batch = encode(victim, examples)
     gm = GlobalModel.build(victim, protocol)
     update = compute_update(gm, batch, seed=0)
-    knowledge = server_knowledge(gm, batch, known_lengths=False)
-    result = DagerAttack(settings).run(update, knowledge, seed=0)
-    decoded = sorted(
-        victim.tokenizer.decode(ids, skip_special_tokens=True) for ids in result.token_ids
-    )
-    return decoded, result
+    return update, server_knowledge(gm, batch, known_lengths=False)
+
+
+def decode(victim, result):
+    return sorted(victim.tokenizer.decode(i, skip_special_tokens=True) for i in result.token_ids)
+
+
+def attack(victim, protocol, examples=BATCH, settings=None):
+    update, knowledge = client_round(victim, protocol, examples)
+    result = DagerAttack(settings).reconstruct(update, knowledge, seed=0)
+    return decode(victim, result), result
 
 
 def test_span_check_accepts_true_inputs_and_rejects_random_vectors():
@@ -118,18 +133,27 @@ def test_partial_sharing_of_k_and_v_only(tiny_victim):
     assert decoded == ["a dog ran home", "the cat sat on the mat"]
 
 
-def test_full_rank_batch_is_a_clear_error(tiny_victim):
+def test_full_rank_batch_is_refused_with_its_reason(tiny_victim):
     victim = tiny_victim("tiny-bert")  # hidden size 64
     many = [
         Example(f"sentence number {i} has quite a few words in it", label=i % 2) for i in range(8)
     ]
-    with pytest.raises(AttackFailed, match="full rank"):
-        attack(victim, Protocol(mode="eval"), many)
+    update, knowledge = client_round(victim, Protocol(mode="eval"), many)
+    refusal = DagerAttack().check(update, knowledge)
+    assert isinstance(refusal, Refusal)
+    # Repeated words leave layer 1 below full rank; layer 2's inputs differ per position.
+    assert "layer 2's update has full rank" in refusal.reason
+    assert "hidden size" in refusal.reason and "--batch-size" in refusal.reason
+    with pytest.raises(AttackFailed, match="full rank") as failed:
+        DagerAttack().reconstruct(update, knowledge, seed=0)
+    assert str(failed.value) == refusal.reason
 
 
-def test_update_without_first_layer_projections_is_an_error(tiny_victim):
-    with pytest.raises(GradleakError, match="first layer"):
-        attack(tiny_victim("tiny-llama"), Protocol(mode="eval", share="1.qkv"))
+@pytest.mark.parametrize(("share", "missing"), [("1.qkv", "first"), ("0.qkv", "second")])
+def test_update_without_a_layers_projections_is_an_error(tiny_victim, share, missing):
+    update, knowledge = client_round(tiny_victim("tiny-llama"), Protocol(mode="eval", share=share))
+    with pytest.raises(GradleakError, match=f"{missing} layer's q, k or v gradient"):
+        DagerAttack().check(update, knowledge)
 
 
 def test_fixed_thresholds_can_be_set(tiny_victim):
@@ -156,6 +180,59 @@ def test_second_layer_that_is_the_last_layer_is_a_clear_error(tiny_victim):
     victim.model.config.n_layer = 2
     with pytest.raises(GradleakError, match="3 or more layers"):
         attack(victim, Protocol(mode="eval"))
+
+
+def test_run_takes_the_plans_spans_and_computes_no_svd_again(tiny_victim, monkeypatch):
+    """``check`` computes one span per layer (q, k and v stacked); ``run`` uses the plan's and
+    computes none: given another batch's plan it recovers that batch, not its update's."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return span_basis(*args, **kwargs)
+
+    monkeypatch.setattr(check_module, "span_basis", counted)
+    victim = tiny_victim("tiny-gpt2")
+    update, knowledge = client_round(victim, Protocol(mode="eval"))
+    dager = DagerAttack()
+    dager.reconstruct(update, knowledge, seed=0)
+    assert len(calls) == 2
+    calls.clear()
+    plan = dager.check(update, knowledge)
+    assert isinstance(plan, DagerPlan) and len(calls) == 2
+    result = dager.run(update, knowledge, plan, seed=0)
+    assert len(calls) == 2
+    assert decode(victim, result) == ["a dog ran home", "the cat sat on the mat"]
+    other = [Example("my old friend sang", label=0), Example("we like green tea", label=1)]
+    other_plan = dager.check(*client_round(victim, Protocol(mode="eval"), other))
+    result = dager.run(update, knowledge, other_plan, seed=0)
+    assert decode(victim, result) == ["my old friend sang", "we like green tea"]
+
+
+def test_settings_keep_their_defaults_and_validation_and_describe_every_option():
+    assert DagerSettings().model_dump() == {
+        "name": "dager",
+        "projections": "qkv",
+        "rank_tol": None,
+        "l1_threshold": None,
+        "l2_threshold": None,
+        "fallback_threshold": 1e-2,
+        "max_length": 128,
+        "max_beam": 2048,
+        "max_combinations": 100_000,
+        "encoder_beam": 32,
+        "chunk": 256,
+        "max_sequences": 200_000,
+        "dropout_check": "auto",
+        "shortlist": 64,
+    }
+    for bad in ({"projections": "qx"}, {"rank_tol": 0}, {"dropout_check": "l1"}, {"max_length": 1}):
+        with pytest.raises(ValueError):
+            DagerSettings(**bad)
+    assert all(field.description for field in DagerSettings.model_fields.values())
+    dager = DagerAttack()
+    assert dager.name == "dager" and dager.settings == DagerSettings()
+    assert DagerAttack.paper_pairing == "best" and DagerAttack.description.startswith("DAGER")
 
 
 def test_dager_is_built_by_name_and_rejects_optimization_settings():
@@ -255,16 +332,12 @@ def test_gaussian_noise_on_the_update_is_cut_adaptively(tiny_victim, relative):
     """DP-style Gaussian noise raises the spectrum's floor: the adaptive rank and distance
     cuts follow it, where a fixed tolerance below the noise would call the span full."""
     victim = tiny_victim("tiny-llama")
-    batch = encode(victim, BATCH)
-    gm = GlobalModel.build(victim, Protocol(mode="eval"))
-    update = compute_update(gm, batch, seed=0)
+    update, knowledge = client_round(victim, Protocol(mode="eval"))
     generator = torch.Generator().manual_seed(0)
     for name, tensor in update.tensors.items():
         noise = torch.randn(tensor.shape, generator=generator) * relative * tensor.std()
         update.tensors[name] = tensor + noise
-    knowledge = server_knowledge(gm, batch, known_lengths=False)
-    result = DagerAttack().run(update, knowledge, seed=0)
-    decoded = sorted(victim.tokenizer.decode(i, skip_special_tokens=True) for i in result.token_ids)
-    assert decoded == ["a dog ran home", "the cat sat on the mat"]
-    with pytest.raises(AttackFailed, match="full rank"):
-        DagerAttack(DagerSettings(rank_tol=1e-9)).run(update, knowledge, seed=0)
+    result = DagerAttack().reconstruct(update, knowledge, seed=0)
+    assert decode(victim, result) == ["a dog ran home", "the cat sat on the mat"]
+    refusal = DagerAttack(DagerSettings(rank_tol=1e-9)).check(update, knowledge)
+    assert isinstance(refusal, Refusal) and "layer 1's update has full rank" in refusal.reason

@@ -41,5 +41,7 @@ def test_train_mode_client_with_dropout_is_recovered_by_the_robust_check(tiny_vi
 
 
 def test_eval_mode_client_keeps_the_plain_check(tiny_victim):
-    _, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), SENTENCE)
+    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), SENTENCE)
+    assert decoded == ["the cat sat on the mat"]
     assert not any("robust" in note for note in result.info["notes"])
+    assert any(note.startswith("layer-1 tokens per position") for note in result.info["notes"])

@@ -1,0 +1,224 @@
+"""DAGER's span checks, built from a client update: what ``DagerAttack.check`` decides with.
+
+A layer's check is the span of its chosen q/k/v weight gradients (``span.py`` holds the
+algebra). Plain projections are stacked into one span; a LoRA B-gradient gets its own, in its
+adapter's space (``A x``), and an A-gradient that moved is checked in the input space (``x``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.pytorch_utils import Conv1D
+
+from gradleak.attacks.base import Plan, Refusal
+from gradleak.attacks.dager.settings import DagerSettings
+from gradleak.attacks.dager.span import SpanBasis, rounding_noise, span_basis
+from gradleak.errors import GradleakError
+from gradleak.federated.client import ClientUpdate, GlobalModel
+from gradleak.federated.server import ServerKnowledge
+from gradleak.models.tasks import unwrap
+
+# Span distances (relative) below this are recomputed in float64 when a vocabulary is
+# screened in float32: far above float32's noise near the span (~1e-6), and above every cut
+# that separates true inputs (the adaptive gap, or the 1e-2 fallback at most).
+SCREEN = 2e-2
+
+
+@dataclass
+class Block:
+    """One projection's update, oriented ``[rows, input_dim]``, and the global weight it
+    changes (whose float32 spacing sets the rounding noise of a weight delta)."""
+
+    tensor: torch.Tensor
+    weight: torch.Tensor
+
+
+@dataclass
+class SpanCheck:
+    """One span and how candidate inputs map into its space (LoRA B-gradients: ``x -> A x``)."""
+
+    span: SpanBasis
+    transform: torch.Tensor | None = None  # [r, d] for LoRA's B-gradient space
+
+    def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
+        """Span distance of each input row, in float64.
+
+        ``screened`` (for a whole vocabulary): a float32 pass first, and float64 only for the
+        rows it puts within ``SCREEN`` of the span. Far rows keep their float32 distance,
+        accurate to float32 there; the true inputs, near 0, get the exact value.
+        """
+        if not screened:
+            if self.transform is not None:
+                inputs = inputs.to(torch.float64) @ self.transform.T
+            return self.span.distance(inputs)
+        mapped = inputs if self.transform is None else inputs @ self.transform.T.to(inputs.dtype)
+        distances = self.span.rough_distance(mapped).to(torch.float64)
+        near = distances < SCREEN
+        distances[near] = self.distance(inputs[near])
+        return distances
+
+
+@dataclass
+class LayerCheck:
+    """A layer's span checks; an input passes if it lies in one of them.
+
+    Plain projections of one layer share their input space and are stacked into one span
+    (their union). Each LoRA B-gradient lives in its own adapter space (its own A) and is
+    checked apart; "any" is the union again: a position can be missing from one projection's
+    span (position 0's query, or every query but the pooled one in the last layer) yet
+    present in another's.
+    """
+
+    checks: list[SpanCheck]
+
+    @property
+    def rank(self) -> int:
+        return max(c.span.rank for c in self.checks)
+
+    def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
+        return torch.stack([c.distance(inputs, screened) for c in self.checks]).amin(dim=0)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether a span was cut at a known noise floor (a weight delta's rounding): true
+        inputs then lie only near it, and no clear gap separates them."""
+        return any(c.span.noise_floor is not None for c in self.checks)
+
+    @property
+    def plain(self) -> list[SpanCheck]:
+        """Checks in the layer's own input space (not a LoRA adapter space)."""
+        return [c for c in self.checks if c.transform is None]
+
+    def inlier_fraction(
+        self, inputs: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The robust check (see ``SpanBasis.inlier_fraction``), best over the plain checks."""
+        shares = [c.span.inlier_fraction(inputs, extra) for c in self.plain]
+        return torch.stack(shares).amax(dim=0)
+
+
+@dataclass
+class DagerPlan(Plan):
+    """What ``check`` found: layer 1's and layer 2's span checks, neither of full rank."""
+
+    layer1: LayerCheck
+    layer2: LayerCheck
+
+
+def require_scenario(gm: GlobalModel) -> None:
+    """Raise when DAGER can never be exact for this model, whatever the batch."""
+    if gm.adapter is None:
+        raise GradleakError("dager needs a model family with an adapter")
+    if (
+        gm.task == "classification"
+        and not gm.adapter.rotary_positions
+        and gm.adapter.num_layers(unwrap(gm.model)) <= 2
+    ):
+        # A classification loss reads one position of the last layer, so there every key
+        # gradient is parallel to that one query and every value gradient to one output
+        # per head: the second layer's span misses tokens when it is the last layer.
+        # (Rotary positions rotate each key differently and keep the rank.)
+        raise GradleakError(
+            f"dager's second-layer check needs a layer after it, and this "
+            f"{gm.adapter.family} model has only 2 layers with a one-position "
+            "classification loss: attack a model with 3 or more layers or use --task causal_lm"
+        )
+
+
+def layer_check(
+    update: ClientUpdate, knowledge: ServerKnowledge, layer: int, settings: DagerSettings
+) -> LayerCheck:
+    """The span checks of layer ``layer`` (0-based); an update without its q, k or v gradient
+    is an error of the setup."""
+    blocks, adapter_blocks = _projection_gradients(update, knowledge, layer, settings.projections)
+    checks = []
+    if blocks:
+        checks.append(SpanCheck(_span(update, blocks, settings.rank_tol)))
+    for block, a_matrix in adapter_blocks:
+        checks.append(SpanCheck(_span(update, [block], settings.rank_tol), a_matrix))
+    if not checks:
+        raise GradleakError(
+            f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
+            f"gradient, which this update does not contain: share {layer}.qkv"
+        )
+    return LayerCheck(checks)
+
+
+def full_rank_refusal(check: LayerCheck, layer: int) -> Refusal | None:
+    """A refusal when one of the layer's spans is full: this batch's limit, not the setup's."""
+    for one in check.checks:
+        if one.span.full:
+            return Refusal(
+                f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
+                f"{one.span.rank} (the batch holds at least as many distinct tokens as "
+                f"the {'LoRA rank' if one.transform is not None else 'hidden size'}): "
+                "use a smaller --batch-size or shorter inputs"
+            )
+    return None
+
+
+def _projection_gradients(
+    update: ClientUpdate, knowledge: ServerKnowledge, layer: int, projections: str
+) -> tuple[list[Block], list[tuple[Block, torch.Tensor]]]:
+    """Gradients of layer ``layer``'s chosen projections, oriented ``[rows, input_dim]``.
+
+    Returns the blocks in the layer's input space and, for LoRA B-gradients, pairs of
+    (block, A matrix that maps inputs into the block's space).
+    """
+    gm = knowledge.global_model
+    hf = unwrap(gm.model)
+    names = {id(p): n for n, p in gm.model.named_parameters()}
+    global_weights = {n: p for n, p in gm.model.named_parameters()}
+    specs_by_param: dict[str, list] = {}
+    for spec in gm.specs:
+        specs_by_param.setdefault(spec.param, []).append(spec)
+
+    def blocks_of(weight: torch.Tensor, role: str) -> list[Block]:
+        name = names[id(weight)]
+        found = _tensors_for(update, specs_by_param.get(name, []), role)
+        return [Block(t, global_weights[name]) for t in found]
+
+    blocks: list[Block] = []
+    adapter_blocks: list[tuple[Block, torch.Tensor]] = []
+    for role in projections:
+        module = gm.adapter.role_module(hf, layer, role).module
+        lora_a = getattr(module, "lora_A", None)
+        if lora_a is not None and len(lora_a) > 0:
+            adapter_name = next(iter(lora_a.keys()))
+            a_weight = lora_a[adapter_name].weight
+            a_blocks = blocks_of(a_weight, role)
+            b_blocks = blocks_of(module.lora_B[adapter_name].weight, role)
+            if any(b.tensor.abs().max() > 0 for b in a_blocks):  # A moved: input space
+                blocks += a_blocks
+            else:  # B's gradient [out, r]: rows are combinations of A x
+                a_matrix = a_weight.detach().to(torch.float64)
+                adapter_blocks += [(b, a_matrix) for b in b_blocks]
+            continue
+        found = blocks_of(module.weight, role)
+        if isinstance(module, Conv1D):  # GPT-2 stores [in, out]
+            found = [Block(b.tensor.T, b.weight) for b in found]
+        blocks += found
+    return blocks, adapter_blocks
+
+
+def _tensors_for(update: ClientUpdate, specs: list, role: str) -> list[torch.Tensor]:
+    """The update's tensors of one parameter that carry projection ``role``."""
+    # A fused layer shared whole holds q, k and v at once: take it once, for any role.
+    return [
+        update.tensors[s.key] for s in specs if s.key in update.tensors and s.role in (None, role)
+    ]
+
+
+def _span(update: ClientUpdate, blocks: list[Block], rank_tol: float | None) -> SpanBasis:
+    """The blocks' joint span. A weight delta carries the float32 rounding of every local
+    step, which the server can size from the global weights it holds: the rank then
+    counts the directions above that noise (a gradient keeps the cut at the largest drop).
+    """
+    tensors = [b.tensor for b in blocks]
+    noise = None
+    if update.kind == "weight_delta":
+        steps = int(update.metadata.get("local_steps", 1))
+        noise = [rounding_noise(b.weight, steps) for b in blocks]
+    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise)

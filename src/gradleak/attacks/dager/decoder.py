@@ -1,0 +1,279 @@
+"""DAGER's sentence recovery for decoders: a prefix search checked by layer 2.
+
+A causal model's layer-2 input at a position depends on the prefix only, so prefixes grow one
+token at a time and a prefix is kept only if its new last position lies in layer 2's span.
+Where the family has a key/value cache path, only the new token runs, against its prefix's
+block-0 cache; otherwise every trial's whole prefix runs again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gradleak.attacks.dager.check import LayerCheck
+from gradleak.attacks.dager.search import SearchState, count_cut, threshold
+from gradleak.attacks.dager.settings import DagerSettings
+from gradleak.models.adapters import ModelAdapter, PastKeyValues
+from gradleak.models.tasks import end_with_eos
+
+
+@dataclass
+class Beam:
+    """The decoder search's live prefixes (all of one length) and what extending them needs.
+
+    On the cached path ``past`` holds each prefix's block-0 keys and values (an empty list
+    while the prefixes are empty) and ``last_input`` its last position's layer-2 input, which
+    the repeated-token rejection compares the next position with. ``past`` is None on the
+    full-prefix path, which re-runs every prefix and needs neither.
+    """
+
+    ids: torch.Tensor  # [n, length]
+    scores: list[float]
+    past: PastKeyValues | None = None
+    last_input: torch.Tensor | None = None  # [n, d]; None while the prefixes are empty
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def entry(self, index: int) -> tuple[list[int], float]:
+        """One prefix as the search's result lists hold it: (token ids, score)."""
+        return self.ids[index].tolist(), self.scores[index]
+
+
+@dataclass
+class Extension:
+    """Some trials' layer-2 inputs: of the new last position ``[n, d]`` and of the position
+    before it (None for one-token sequences), plus their block-0 cache on the cached path."""
+
+    last: torch.Tensor
+    previous: torch.Tensor | None
+    past: PastKeyValues | None = None
+
+
+@dataclass
+class DecoderSearch:
+    """The prefix search over one update's token candidates."""
+
+    hf: nn.Module
+    adapter: ModelAdapter
+    layer2: LayerCheck
+    settings: DagerSettings
+    state: SearchState
+
+    def run(
+        self, candidates: list[list[int]], tokenizer, batch_size: int
+    ) -> list[tuple[list[int], float]]:
+        """Extend prefixes one token at a time; keep those whose new position passes layer 2.
+
+        Returns every prefix that stopped growing, with the largest distance it passed at."""
+        # Tokens the tokenizer always puts first (BOS) are public knowledge: seeding the beam
+        # with them matters because position 0's query gets no gradient in a causal model.
+        start = start_tokens(tokenizer)
+        beam = self._start_beam(start)
+        finished: list[tuple[list[int], float]] = []
+        checked = 0
+        level = None  # the largest distance a true prefix has passed at so far
+        for position in range(len(start), self.settings.max_length):
+            tokens = self._options(candidates, position)
+            if not tokens or not len(beam):
+                break
+            # Trials prefix-major: every beam prefix extended by every candidate token.
+            parents = torch.arange(len(beam)).repeat_interleave(len(tokens))
+            added = torch.tensor(tokens).repeat(len(beam))
+            checked += len(parents)
+            if checked > self.settings.max_sequences:
+                self.state.capped = True
+                self.state.notes.append(f"search budget of {self.settings.max_sequences} spent")
+                break
+            distances = self._trial_distances(beam, parents, added)
+            cut = self._cut(distances, len(beam), level, batch_size)
+            accepted = self._accepted(distances, cut)
+            if position > len(start):
+                extended = set(parents[accepted].tolist())
+                finished += [beam.entry(i) for i in range(len(beam)) if i not in extended]
+            scores = [max(beam.scores[int(parents[i])], distances[i].item()) for i in accepted]
+            if accepted and cut < self.settings.fallback_threshold:  # a clear gap, not a guess
+                level = max(scores + ([] if level is None else [level]))
+            beam = self._advance(beam, parents[accepted], added[accepted], scores)
+        if beam.ids.shape[1] > len(start):
+            finished += [beam.entry(i) for i in range(len(beam))]
+        # A run of special tokens alone ([CLS][SEP]) is no sentence, however well it passes.
+        special = set(tokenizer.all_special_ids)
+        finished = [(p, s) for p, s in finished if any(t not in special for t in p)]
+        if not finished:
+            self.state.notes.append("no prefix passed the layer-2 check")
+        return finished
+
+    def _options(self, candidates: list[list[int]], position: int) -> list[int]:
+        """The candidate tokens at ``position``: the one position-free set of a rotary model."""
+        if self.adapter.rotary_positions:
+            return candidates[0]
+        return candidates[position] if position < len(candidates) else []
+
+    def _cut(
+        self, distances: torch.Tensor, width: int, level: float | None, batch_size: int
+    ) -> float:
+        """The layer-2 distance under which a trial is accepted, for a beam of ``width``."""
+        if self.state.layer2_ranks_only and not self.adapter.rotary_positions:
+            # Dropout inside layer 1 moves every layer-2 input off the span: no cut
+            # separates true prefixes, so layer 2 only ranks them (the beam cap applies)
+            # and the robust per-position layer-1 sets do the selecting.
+            return math.inf
+        # At most one true trial per sentence of the batch passes at a position.
+        expected = width * 4 + batch_size + 1
+        fixed = self.settings.l2_threshold
+        cut = threshold(
+            _anchored(distances, level), fixed, expected, self.settings.fallback_threshold
+        )
+        if self.layer2.noisy and fixed is None:
+            # A partial span leaves true prefixes near it, not in it: keep as many of the
+            # nearest as the batch has sentences.
+            cut = max(cut, count_cut(distances, batch_size))
+        return cut
+
+    def _accepted(self, distances: torch.Tensor, cut: float) -> list[int]:
+        """The trials under the cut, the nearest ``max_beam`` of them when there are more."""
+        accepted = torch.nonzero(distances < cut).flatten().tolist()
+        if len(accepted) > self.settings.max_beam:
+            self.state.capped = True
+            accepted = sorted(accepted, key=lambda i: distances[i].item())
+            accepted = accepted[: self.settings.max_beam]
+        return accepted
+
+    def _start_beam(self, start: list[int]) -> Beam:
+        """The search's first beam: the start tokens alone, with their cache when one applies.
+
+        Families without a key/value cache path get the full-prefix search (``past`` None).
+        """
+        ids = torch.tensor([start], dtype=torch.long)
+        if not self.adapter.supports_kv_cache:
+            return Beam(ids, [0.0])
+        if not start:
+            return Beam(ids, [0.0], past=[])
+        hidden, past = self.adapter.layer_input_cached(self.hf, 1, ids, [])
+        return Beam(ids, [0.0], past=past, last_input=hidden[:, -1])
+
+    def _extensions(
+        self, beam: Beam, parents: torch.Tensor, tokens: torch.Tensor
+    ) -> Iterator[Extension]:
+        """The trials (prefix ``parents[i]`` extended by ``tokens[i]``), ``chunk`` at a time.
+
+        With a cache only the new token runs, against its prefix's block-0 keys and values
+        (indexed per trial); without one every trial's whole sequence runs again.
+        """
+        chunk = self.settings.chunk
+        for first in range(0, len(parents), chunk):
+            rows = parents[first : first + chunk]
+            new = tokens[first : first + chunk, None]
+            if beam.past is None:
+                ids = torch.cat([beam.ids[rows], new], dim=1)
+                inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+                hidden = self.adapter.layer_input(self.hf, 1, inputs)
+                previous = hidden[:, -2] if hidden.shape[1] > 1 else None
+                yield Extension(hidden[:, -1], previous)
+                continue
+            past = [(keys[rows], values[rows]) for keys, values in beam.past]
+            hidden, present = self.adapter.layer_input_cached(self.hf, 1, new, past)
+            previous = None if beam.last_input is None else beam.last_input[rows]
+            yield Extension(hidden[:, -1], previous, present)
+
+    def _trial_distances(
+        self, beam: Beam, parents: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer-2 distance of each trial's new last position (see ``_last_position_distance``)."""
+        return torch.cat(
+            [
+                _last_position_distance(self.layer2, ext.last, ext.previous)
+                for ext in self._extensions(beam, parents, tokens)
+            ]
+        )
+
+    def _advance(
+        self, beam: Beam, parents: torch.Tensor, tokens: torch.Tensor, scores: list[float]
+    ) -> Beam:
+        """The next beam: the accepted trials, with their caches on the cached path.
+
+        The caches are recomputed for the few accepted trials rather than kept for all of
+        them while the threshold is unknown (that would hold the cache of every trial).
+        """
+        ids = torch.cat([beam.ids[parents], tokens[:, None]], dim=1)
+        if beam.past is None or not len(parents):  # full-prefix path, or the search ends here
+            return Beam(ids, scores)
+        parts = list(self._extensions(beam, parents, tokens))
+        past = [
+            tuple(torch.cat([part.past[block][kv] for part in parts]) for kv in (0, 1))
+            for block in range(len(parts[0].past))
+        ]
+        last_input = torch.cat([part.last for part in parts])
+        return Beam(ids, scores, past=past, last_input=last_input)
+
+
+def _last_position_distance(
+    layer2: LayerCheck, last: torch.Tensor, previous: torch.Tensor | None
+) -> torch.Tensor:
+    """Layer-2 distance of each sequence's last position, for the decoder search.
+
+    A rotary model without BOS gives a run of one repeated token ("The The The") the same
+    layer-2 input at every position (the attention averages identical values), so the run
+    would pass wherever its first token does. A last position whose input repeats the
+    previous one exactly is therefore rejected (distance infinity).
+    """
+    last = last.to(torch.float64)
+    distance = layer2.distance(last)
+    if previous is not None:
+        change = torch.linalg.vector_norm(last - previous.to(torch.float64), dim=-1)
+        same = change <= 1e-6 * torch.linalg.vector_norm(last, dim=-1)
+        distance = distance.masked_fill(same, float("inf"))
+    return distance
+
+
+def _anchored(distances: torch.Tensor, level: float | None) -> torch.Tensor:
+    """The trial distances plus the level true prefixes have passed at so far.
+
+    Once every sentence has ended, no trial is true, yet the nearest spurious one (a repeated
+    final "." whose attention context barely differs) can stand a decade apart from the rest
+    and win the gap cut on its own. With the known true level among the values, the largest
+    gap falls between the true level and every spurious trial, and nothing is accepted.
+    """
+    if level is None:
+        return distances
+    return torch.cat([distances.flatten(), distances.new_tensor([level])])
+
+
+def start_tokens(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before any text (e.g. BOS), possibly none."""
+    ids = tokenizer("x")["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    start = []
+    for token in ids:
+        if token not in special:
+            break
+        start.append(token)
+    return start
+
+
+def end_tokens(tokenizer) -> list[int]:
+    """The tokens a next-token example ends with: the tokenizer's own trailing specials (e.g.
+    [SEP]) and the EOS the task appends (see ``end_with_eos``)."""
+    ids = tokenizer("x")["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    end = []
+    for token in reversed(ids):
+        if token not in special:
+            break
+        end.insert(0, token)
+    return end_with_eos(tokenizer, end)
+
+
+def ended(ids: list[int], end: list[int]) -> list[int]:
+    """A recovered sentence completed with the known end tokens it is missing."""
+    if not ids:
+        return ids
+    longest = min(len(end), len(ids))
+    overlap = next(k for k in range(longest, -1, -1) if k == 0 or ids[-k:] == end[:k])
+    return [*ids, *end[overlap:]]

@@ -1,0 +1,54 @@
+"""What DAGER's token and sentence searches share: their notes, the distance cuts, the pick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gradleak.attacks.dager.span import gap_threshold
+
+
+@dataclass
+class SearchState:
+    """Notes for the record: caps hit, ranks, candidate counts."""
+
+    notes: list[str] = field(default_factory=list)
+    capped: bool = False
+    # Set when the client's dropout makes the layer-2 span distance a ranking, not a test.
+    layer2_ranks_only: bool = False
+
+
+def threshold(
+    distances: torch.Tensor, fixed: float | None, expected: int, fallback: float
+) -> float:
+    """The distance cut: ``fixed`` when set, else the largest gap among the ``expected + 1``
+    nearest (``fallback`` when no gap is clear, see ``gap_threshold``)."""
+    if fixed is not None:
+        return fixed
+    return gap_threshold(distances, fallback, max_accept=expected)
+
+
+def count_cut(distances: torch.Tensor, count: int) -> float:
+    """A cut that accepts the ``count`` nearest candidates: a span of rank r holds r distinct
+    inputs, so when only a ranking is left the r best-ranked are the batch's best guess."""
+    values = torch.sort(distances.flatten()).values
+    if values.numel() == 0 or count < 1:
+        return 0.0
+    return float(values[min(count, values.numel()) - 1]) * (1 + 1e-9)
+
+
+def pick_batch(
+    sentences: list[tuple[list[int], float]], batch_size: int
+) -> list[tuple[list[int], float | None]]:
+    """The ``batch_size`` most convincing distinct sentences (lowest layer-2 distance), padded
+    with empty ones (score None) when fewer were found."""
+    unique: dict[tuple[int, ...], float] = {}
+    for ids, score in sorted(sentences, key=lambda item: item[1]):
+        unique.setdefault(tuple(ids), score)
+    chosen: list[tuple[list[int], float | None]] = [
+        (list(ids), score) for ids, score in unique.items()
+    ][:batch_size]
+    while len(chosen) < batch_size:
+        chosen.append(([], None))
+    return chosen

@@ -1,0 +1,47 @@
+"""DAGER's options: which projections span the checks, the distance cuts, the search caps."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gradleak.attacks.base import AttackSettings
+
+
+class DagerSettings(AttackSettings):
+    """Thresholds and caps. ``None`` thresholds adapt to the update (largest log-gap)."""
+
+    name: Literal["dager"] = Field("dager", description="the attack: DAGER")
+    projections: str = Field(
+        "qkv", pattern="^[qkv]+$", description="which of q, k, v span the check (e.g. qkv)"
+    )
+    rank_tol: float | None = Field(
+        None, gt=0, description="relative singular-value cut (default: at the largest drop)"
+    )
+    l1_threshold: float | None = Field(
+        None, gt=0, description="layer-1 span distance cut (default: adaptive)"
+    )
+    l2_threshold: float | None = Field(
+        None, gt=0, description="layer-2 span distance cut (default: adaptive)"
+    )
+    fallback_threshold: float = Field(
+        1e-2, gt=0, description="span distance cut used when no clear gap separates the inputs"
+    )
+    max_length: int = Field(128, ge=2, description="longest sequence searched, in tokens")
+    max_beam: int = Field(2048, ge=1, description="decoder prefixes kept per position")
+    max_combinations: int = Field(100_000, ge=1, description="encoder sentences tried per length")
+    encoder_beam: int = Field(32, ge=1, description="encoder partial sentences kept per position")
+    chunk: int = Field(256, ge=1, description="sequences per forward pass")
+    max_sequences: int = Field(
+        200_000, ge=1, description="decoder search budget in candidate sequences"
+    )
+    dropout_check: str = Field(
+        "auto",
+        pattern="^(auto|robust|plain)$",
+        description="auto | robust (L1 fit, survives dropout) | plain span check "
+        "(auto: robust when the client trains with dropout)",
+    )
+    shortlist: int = Field(
+        64, ge=1, description="robust check: nearest tokens per position refitted with L1"
+    )

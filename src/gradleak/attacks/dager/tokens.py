@@ -1,0 +1,103 @@
+"""DAGER's token recovery: the vocabulary tokens whose first-layer input lies in layer 1's span.
+
+The first-layer input of a token is its embedding (plus its position's for absolute-position
+models) through the first norm. The plain check cuts the span distance; against a client that
+trains with input dropout the robust check refits the nearest tokens with L1 instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradleak.attacks.dager.check import LayerCheck
+from gradleak.attacks.dager.search import SearchState, count_cut, threshold
+from gradleak.attacks.dager.settings import DagerSettings
+from gradleak.federated.server import ServerKnowledge
+
+
+def token_candidates(
+    hf: nn.Module,
+    knowledge: ServerKnowledge,
+    layer1: LayerCheck,
+    settings: DagerSettings,
+    state: SearchState,
+) -> list[list[int]]:
+    """Per position, the tokens whose first-layer input passes layer 1's span check.
+
+    Rotary models have one position-free set (returned as a single list)."""
+    adapter = knowledge.global_model.adapter
+    table = adapter.token_embedding(hf).weight
+    dropout = _input_dropout(knowledge, layer1, settings, state)
+    directions = _norm_directions(adapter.input_norm(hf, 0)) if dropout else None
+    if adapter.rotary_positions:
+        inputs = adapter.first_layer_input(hf, table)
+        tokens = _passing(inputs, layer1, settings, dropout, directions)
+        state.notes.append(f"layer-1 tokens: {len(tokens)}")
+        return [tokens]
+    per_position = []
+    limit = min(settings.max_length, adapter.max_positions(hf))
+    for position in range(limit):
+        # One position for the whole vocabulary: a 0-d index broadcasts over the table.
+        inputs = adapter.first_layer_input(hf, table, torch.tensor(position))
+        tokens = _passing(inputs, layer1, settings, dropout, directions)
+        if not tokens:
+            break
+        per_position.append(tokens)
+    state.notes.append(f"layer-1 tokens per position: {[len(t) for t in per_position]}")
+    return per_position
+
+
+def _norm_directions(norm: nn.Module) -> torch.Tensor | None:
+    """A LayerNorm after the dropout: its weight and bias, which enter the robust fit."""
+    if isinstance(norm, nn.LayerNorm) and norm.weight is not None:
+        parts = [norm.weight] + ([norm.bias] if norm.bias is not None else [])
+        return torch.stack(parts).detach()
+    return None
+
+
+def _input_dropout(
+    knowledge: ServerKnowledge, layer1: LayerCheck, settings: DagerSettings, state: SearchState
+) -> float:
+    """The client's input dropout rate when the robust layer-1 check is used, else 0.
+
+    The server knows the protocol: a train-mode client of a model with dropout feeds layer
+    1 masked inputs, which no longer lie in the span (Wang & Li's realistic client)."""
+    gm = knowledge.global_model
+    rate = gm.adapter.dropout_rate(gm.model) if gm.protocol.mode == "train" else 0.0
+    choice = settings.dropout_check
+    if choice == "plain" or (choice == "auto" and rate == 0.0):
+        return 0.0
+    if not layer1.plain:
+        state.notes.append("robust check needs a plain q/k/v gradient (LoRA only): plain")
+        return 0.0
+    state.notes.append(f"robust layer-1 check (input dropout {rate:g})")
+    state.layer2_ranks_only = True
+    return rate if rate > 0 else 0.1
+
+
+def _passing(
+    inputs: torch.Tensor,
+    layer1: LayerCheck,
+    settings: DagerSettings,
+    dropout: float,
+    norm_directions: torch.Tensor | None = None,
+) -> list[int]:
+    """Rows of ``inputs`` (one per vocabulary token) that pass layer 1's check.
+
+    Plain: the span distance under an adaptive (or fixed) cut. Robust (``dropout`` > 0):
+    the ``shortlist`` nearest tokens are refitted with L1; a true token is reproduced on
+    about ``1 - dropout`` of its coordinates, any other on about ``rank / d``, and the cut
+    sits halfway between."""
+    distances = layer1.distance(inputs, screened=True)
+    if dropout == 0.0:
+        cut = threshold(distances, settings.l1_threshold, layer1.rank, settings.fallback_threshold)
+        if layer1.noisy and settings.l1_threshold is None:
+            cut = max(cut, count_cut(distances, layer1.rank))
+        return torch.nonzero(distances < cut).flatten().tolist()
+    count = min(settings.shortlist, distances.numel())
+    shortlist = torch.topk(distances, count, largest=False).indices
+    share = layer1.inlier_fraction(inputs[shortlist], norm_directions)
+    fitted = layer1.rank + (0 if norm_directions is None else len(norm_directions))
+    cut = ((1.0 - dropout) + fitted / inputs.shape[-1]) / 2
+    return shortlist[share >= cut].tolist()
