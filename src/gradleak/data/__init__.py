@@ -9,12 +9,13 @@ The public API, in one place::
 Modules: :mod:`~gradleak.data.specs` (the table of named datasets), :mod:`~gradleak.data.formats`
 (one reader per file format), :mod:`~gradleak.data.sources` (registered name, ``file:PATH`` or
 ``hf:NAME`` to examples), :mod:`~gradleak.data.userfiles`, :mod:`~gradleak.data.hub`,
-:mod:`~gradleak.data.sampling`.
+:mod:`~gradleak.data.labels` (labels for unlabeled files), :mod:`~gradleak.data.sampling`.
 """
 
 from gradleak.data.demo import demo_examples
 from gradleak.data.examples import Example
 from gradleak.data.hub import HF_PREFIX, load_hub
+from gradleak.data.labels import LABEL_CHOICES, assign_labels
 from gradleak.data.sampling import lamp_order, sample_batches
 from gradleak.data.sources import (
     ENV_DATA_DIR,
@@ -33,9 +34,11 @@ __all__ = [
     "ENV_DATA_DIR",
     "FILE_PREFIX",
     "HF_PREFIX",
+    "LABEL_CHOICES",
     "DatasetInfo",
     "DatasetSpec",
     "Example",
+    "assign_labels",
     "dataset_status",
     "demo_examples",
     "get_spec",
