@@ -42,9 +42,18 @@ def data_dir() -> Path:
 
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No data dir from the environment and no hub, whatever the machine has."""
+    """No data dir from the environment, and a hub package that fails the test if it is used."""
     monkeypatch.delenv("GRADLEAK_DATA_DIR", raising=False)
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setitem(sys.modules, "datasets", _forbidden_hub())
+
+
+def _forbidden_hub() -> types.ModuleType:
+    def load_dataset(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"the hub was asked for {args}: only hf:NAME may fetch from it")
+
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = load_dataset  # type: ignore[attr-defined]
+    return fake
 
 
 # --- LAMP order ----------------------------------------------------------------------------
@@ -154,7 +163,8 @@ def test_rotten_tomatoes_follows_hf_split(data_dir: Path) -> None:
 
 def test_rotten_tomatoes_ignores_user_encoding(data_dir: Path) -> None:
     examples = load_examples("rotten_tomatoes", data_dir, encoding="utf-8")
-    assert len(examples) == 8530
+    assert examples == load_examples("rotten_tomatoes", data_dir)  # read as latin-1 all the same
+    assert any("é" in e.text for e in examples)
 
 
 def test_squad_example(data_dir: Path) -> None:
@@ -183,10 +193,17 @@ def test_split_defaults_and_unknown_split(data_dir: Path) -> None:
         load_examples("cola", data_dir, "test")
 
 
-def test_split_not_in_shared_names_file(data_dir: Path) -> None:
-    with pytest.raises(GradleakError, match=r"train-v1\.1\.json.*validation"):
+def test_split_not_in_shared_names_file(offline: None, data_dir: Path) -> None:
+    with pytest.raises(GradleakError) as err:
         load_examples("squad", data_dir, "train")
-    with pytest.raises(GradleakError, match=r"wiki\.train\.raw"):
+    assert str(err.value) == (
+        f"dataset 'squad' split 'train': no file squad/train-v1.1.json in {data_dir} (from "
+        "--data-dir); it is not in shared/datasets, use split 'validation' or hf:squad from the "
+        "Hugging Face hub"
+    )
+    with pytest.raises(
+        GradleakError, match=r"no file wikitext2/wiki\.train\.raw in .*'validation'"
+    ):
         load_examples("wikitext2", data_dir, "train")
 
 
@@ -218,41 +235,69 @@ def test_resolve_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert resolve_data_dir("/some/where") == Path("/some/where")
 
 
-def test_env_data_dir_used(monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
+def test_env_data_dir_used(monkeypatch: pytest.MonkeyPatch, data_dir: Path, tmp_path: Path) -> None:
     monkeypatch.setenv("GRADLEAK_DATA_DIR", str(data_dir))
-    assert len(load_examples("cola", None, "validation")) == 1043
+    from_env = load_examples("cola", None, "validation")
+    assert len(from_env) == 1043 and from_env == load_examples("cola", data_dir, "validation")
+    # the option wins over the environment
+    with pytest.raises(GradleakError, match=r"from --data-dir"):
+        load_examples("cola", tmp_path / "elsewhere")
 
 
-def test_no_data_dir_offline_error(offline: None) -> None:
+def test_no_data_dir_is_an_error_not_a_hub_download(offline: None) -> None:
     with pytest.raises(GradleakError) as err:
         load_examples("cola")
     message = str(err.value)
-    assert "dataset 'cola' needs its files" in message
-    assert "--data-dir" in message and "GRADLEAK_DATA_DIR" in message
-    assert "\n" not in message
+    assert message == (
+        "dataset 'cola' needs its files (cola/v1.0/in_domain_train.tsv) and no data directory "
+        "was given: pass --data-dir DIR or set GRADLEAK_DATA_DIR to a folder laid out like "
+        "shared/datasets, or use hf:cola to fetch it from the Hugging Face hub"
+    )
 
 
-def test_missing_data_dir_error(tmp_path: Path) -> None:
+def test_missing_data_dir_error(offline: None, tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(GradleakError, match="nope.*does not exist"):
+    with pytest.raises(GradleakError) as err:
         load_examples("sst2", missing)
+    assert str(err.value) == (
+        f"data directory {missing} (from --data-dir) does not exist: pass --data-dir DIR or set "
+        "GRADLEAK_DATA_DIR to a folder laid out like shared/datasets, or use hf:sst2 to fetch "
+        "it from the Hugging Face hub"
+    )
 
 
-def test_data_dir_without_file_names_it(tmp_path: Path) -> None:
+def test_data_dir_without_file_names_it(
+    offline: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     (tmp_path / "sst2").mkdir()
     (tmp_path / "sst2" / "dev.tsv").write_text("sentence\tlabel\nok . \t1\n", encoding="utf-8")
-    with pytest.raises(GradleakError, match=r"sst2/train\.tsv"):
-        load_examples("sst2", tmp_path)
+    monkeypatch.setenv("GRADLEAK_DATA_DIR", str(tmp_path))
+    with pytest.raises(GradleakError) as err:
+        load_examples("sst2")
+    assert str(err.value) == (
+        f"dataset 'sst2' split 'train': no file sst2/train.tsv in {tmp_path} (from "
+        "GRADLEAK_DATA_DIR); pass --data-dir DIR or set GRADLEAK_DATA_DIR to a folder laid out "
+        "like shared/datasets, or use hf:sst2 to fetch it from the Hugging Face hub"
+    )
     assert load_examples("sst2", tmp_path, "validation") == [Example(text="ok . ", label=1)]
 
 
-def test_unknown_dataset_lists_names() -> None:
+def test_unknown_dataset_lists_names(offline: None) -> None:
     with pytest.raises(GradleakError) as err:
         load_examples("imdb")
-    message = str(err.value)
-    for name in DATASETS:
-        assert name in message
-    assert "file:PATH" in message
+    assert str(err.value) == (
+        "unknown dataset 'imdb': choose one of cola, sst2, rotten_tomatoes, squad, wikitext2, "
+        "demo, file:PATH for your own file, or hf:NAME to fetch from the Hugging Face hub"
+    )
+
+
+def test_unknown_name_that_is_a_file_suggests_file_prefix(
+    offline: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "notes.txt").write_text("hello\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GradleakError, match=r"'notes\.txt' \(to read your own file, write file:"):
+        load_examples("notes.txt")
 
 
 def test_demo_needs_nothing(offline: None) -> None:
@@ -266,52 +311,22 @@ def test_demo_needs_nothing(offline: None) -> None:
 def test_dataset_status(offline: None, data_dir: Path, tmp_path: Path) -> None:
     assert dataset_status("demo", None) == "built-in"
     assert dataset_status("cola", data_dir) == f"present ({data_dir})"
-    assert dataset_status("cola", None) == "missing: set --data-dir or GRADLEAK_DATA_DIR"
-    assert dataset_status("cola", tmp_path).startswith("missing:")
-    assert "in_domain_train.tsv" in dataset_status("cola", tmp_path)
-    assert "does not exist" in dataset_status("cola", tmp_path / "nope")
+    assert dataset_status("cola", None) == (
+        "missing: set --data-dir or GRADLEAK_DATA_DIR (or use hf:cola)"
+    )
+    assert dataset_status("cola", tmp_path) == (
+        "missing: cola/v1.0/in_domain_train.tsv, cola/v1.0/in_domain_dev.tsv, "
+        f"cola/v1.0/out_of_domain_dev.tsv not in {tmp_path}"
+    )
+    assert dataset_status("cola", tmp_path / "nope") == (
+        f"missing: data directory {tmp_path / 'nope'} does not exist"
+    )
     text = tmp_path / "mine.txt"
     text.write_text("hello\n")
     assert dataset_status(f"file:{text}", None) == f"present ({text})"
     assert dataset_status(f"file:{tmp_path / 'x.txt'}", None).startswith("missing:")
     with pytest.raises(GradleakError):
         dataset_status("imdb", None)
-
-
-def test_hub_used_when_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def load_dataset(repo: str, config: str | None, split: str) -> list[dict]:
-        calls.append((repo, config, split))
-        return [{"sentence": "a fake row .", "label": 1, "idx": 0}]
-
-    fake = types.ModuleType("datasets")
-    fake.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", fake)
-    monkeypatch.delenv("GRADLEAK_DATA_DIR", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    assert dataset_status("cola", None) == "hub (online)"
-    assert load_examples("cola") == [Example(text="a fake row .", label=1)]
-    assert calls == [("nyu-mll/glue", "cola", "train")]
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(GradleakError, match="needs its files"):
-        load_examples("cola")
-
-
-def test_hub_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def load_dataset(*args: object, **kwargs: object) -> None:
-        raise ConnectionError("no route to host\nmore detail")
-
-    fake = types.ModuleType("datasets")
-    fake.load_dataset = load_dataset  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "datasets", fake)
-    monkeypatch.delenv("GRADLEAK_DATA_DIR", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    with pytest.raises(GradleakError) as err:
-        load_examples("squad")
-    assert "\n" not in str(err.value) and "no route to host" in str(err.value)
 
 
 # --- the user's own files -------------------------------------------------------------------

