@@ -274,3 +274,40 @@ def test_attack_help_groups_options_by_scenario_attack_and_run():
     positions = [next(i for i, t in enumerate(titles) if name in t) for name in order]
     assert positions == sorted(positions), titles
     assert "(default: 2500 for dlg, 2500 for tag, 2000 for lamp-cos" in result.output
+
+
+def test_label_option_makes_an_unlabeled_file_a_classification_batch(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alice owes bob ten dollars\nthe clinic moved to friday\nbob is ill\n")
+    base = ["attack", *TINY, "--dataset", f"file:{notes}", "--n-inputs", "3"]
+    without = invoke(*base, "--task", "classification")
+    assert without.exit_code == 2 and "--label" in without.output
+    records = []
+    for attempt in range(2):
+        out = tmp_path / f"random{attempt}.json"
+        result = invoke(*base, "--label", "random", "--sample-seed", "3", "--out", str(out))
+        assert result.exit_code == 0, result.output
+        records.append(json.loads(out.read_text()))
+    record = records[0]
+    assert record["task"] == "classification"
+    assert record["config"]["scenario"]["data"]["label"] == "random"
+    labels = [s["labels"][0] for s in record["samples"]]
+    assert set(labels) <= {0, 1}
+    assert labels == [s["labels"][0] for s in records[1]["samples"]]  # seeded
+    ones = tmp_path / "ones.json"
+    assert invoke(*base, "--label", "1", "--out", str(ones)).exit_code == 0
+    assert [s["labels"] for s in json.loads(ones.read_text())["samples"]] == [[1], [1], [1]]
+
+
+def test_label_option_on_labeled_data_is_ignored_with_a_notice(tmp_path):
+    out = tmp_path / "demo.json"
+    plain = tmp_path / "plain.json"
+    assert invoke("attack", *TINY, "--out", str(plain)).exit_code == 0
+    result = invoke("attack", *TINY, "--label", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "notice:" in result.output and "already carry labels" in result.output
+    record = json.loads(out.read_text())
+    assert record["notices"] and "label 1 is ignored" in record["notices"][0]
+    assert record["samples"][0]["labels"] == json.loads(plain.read_text())["samples"][0]["labels"]
+    bad = invoke("attack", *TINY, "--label", "2")
+    assert bad.exit_code == 2 and "invalid --label" in bad.output

@@ -112,6 +112,8 @@ def attack(**options: Any) -> None:
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_record(record)
+    for notice in record.notices:
+        err_console.print(f"[yellow]notice:[/] {notice}", highlight=False, soft_wrap=True)
     if out:
         console.print(f"record written to {out}")
     errors = [s.error for s in record.samples if s.failed]

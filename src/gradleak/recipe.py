@@ -16,7 +16,13 @@ import torch
 from gradleak import metrics
 from gradleak.attacks import ATTACKS, Attack, AttackFailed, Refusal
 from gradleak.config import RunConfig
-from gradleak.data import DATASETS, FILE_PREFIX, Example, load_examples, sample_batches
+from gradleak.data import (
+    Example,
+    assign_labels,
+    load_examples,
+    natural_task,
+    sample_batches,
+)
 from gradleak.defenses import Defense, apply_update_defenses, build_defenses, format_defenses
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
@@ -45,6 +51,7 @@ class Prepared:
     attack: Attack  # built once: what it loads (an LM prior) serves every input
     defenses: list[Defense]
     load_s: float
+    notices: list[str]  # one line each, for the user: options that were ignored and why
 
 
 def build_attack(config: RunConfig) -> Attack:
@@ -58,8 +65,9 @@ def prepare(config: RunConfig) -> Prepared:
     start = time.perf_counter()
     scenario, data = config.scenario, config.scenario.data
     examples = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
+    examples, notice = assign_labels(examples, data.label, seed=data.sample_seed)
     batches = sample_batches(examples, data.n_inputs, data.batch_size, seed=data.sample_seed)
-    task = scenario.task or default_task(data.dataset, examples)
+    task = scenario.task or natural_task(data.dataset, examples)
     defenses = build_defenses(scenario.defenses)
     attack = build_attack(config)
     attack.prepare()
@@ -71,15 +79,8 @@ def prepare(config: RunConfig) -> Prepared:
         )
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     load_s = time.perf_counter() - start
-    return Prepared(victim, global_model, batches, task, attack, defenses, load_s)
-
-
-def default_task(dataset: str, examples: list[Example]) -> str:
-    if dataset.startswith(FILE_PREFIX):
-        if any(ex.context is not None for ex in examples):
-            return "qa"
-        return "classification" if all(ex.label is not None for ex in examples) else "causal_lm"
-    return DATASETS[dataset].task
+    notices = [notice] if notice else []
+    return Prepared(victim, global_model, batches, task, attack, defenses, load_s, notices)
 
 
 def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str, Any]:

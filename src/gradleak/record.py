@@ -88,6 +88,7 @@ class Record(BaseModel):
     machine: dict[str, Any]
     torch_threads: int  # of each process that attacked
     workers: int = 1
+    notices: list[str] = Field(default_factory=list)  # options ignored, and why
 
     @property
     def scored(self) -> list[SampleResult]:

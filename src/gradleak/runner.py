@@ -114,6 +114,7 @@ def build_record(
         machine=machine(),
         torch_threads=threads,
         workers=workers,
+        notices=prepared.notices,
     )
 
 

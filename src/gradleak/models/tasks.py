@@ -113,8 +113,8 @@ def encode_examples(
     if task == "classification":
         if any(ex.label is None for ex in examples):
             raise GradleakError(
-                "task classification needs labeled examples: add a label column or use "
-                "--task causal_lm"
+                "task classification needs labeled examples: add a label column, give every "
+                "example one with --label 0|1|random, or use --task causal_lm"
             )
         labels["label"] = torch.tensor([int(ex.label) for ex in examples])
     elif task == "qa":
