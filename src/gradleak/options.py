@@ -219,7 +219,7 @@ def options_of(config: RunConfig) -> dict[str, Any]:
         if option.attacks and config.attack.name not in option.attacks:
             continue
         value = _get(config, option.path)
-        if option.key == "defenses":
+        if option.path == ("scenario", "defenses"):
             value = format_defenses(config.scenario.defenses)
         elif isinstance(value, tuple):
             value = "".join(value)
