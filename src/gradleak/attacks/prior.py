@@ -32,9 +32,8 @@ from gradleak.models.registry import load_victim
 # as LAMP's BERT-vocabulary GPT-2 read [CLS] text [SEP] (the end rewards a sentence that ends
 # where sentences end, e.g. at its full stop). Instruct tokenizers name chat-turn markers as BOS
 # and EOS; after <|im_start|> the model expects a role name ("user"), not text, so the document
-# separator of their pretraining is used instead. Measured on SmolLM2-135M-Instruct, LAMP's
-# first CoLA sentence: 7.67 nats/token after <|im_start|>, 7.09 after <|endoftext|>; a
-# reordering of it the attack kept scored 8.07 vs 8.75, so the true order's margin grows 4x.
+# separator of their pretraining is used instead (benchmarks/MEASURED.md has what that changes
+# for SmolLM2-135M-Instruct).
 CHAT_TURN_MARKERS = frozenset({"<|im_start|>", "<|im_end|>"})
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 
