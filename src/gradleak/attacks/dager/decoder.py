@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from gradleak.attacks.dager.check import LayerCheck
-from gradleak.attacks.dager.search import SearchState, count_cut, threshold
-from gradleak.attacks.dager.settings import DagerSettings
-from gradleak.models.adapters import ModelAdapter, PastKeyValues
+from gradleak.attacks.dager.search import SentenceSearch, count_cut, threshold
+from gradleak.models.adapters import PastKeyValues
 from gradleak.models.tasks import end_with_eos
 
 
@@ -56,14 +54,8 @@ class Extension:
 
 
 @dataclass
-class DecoderSearch:
+class DecoderSearch(SentenceSearch):
     """The prefix search over one update's token candidates."""
-
-    hf: nn.Module
-    adapter: ModelAdapter
-    layer2: LayerCheck
-    settings: DagerSettings
-    state: SearchState
 
     def run(
         self, candidates: list[list[int]], tokenizer, batch_size: int

@@ -11,12 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from gradleak.attacks.dager.check import LayerCheck
-from gradleak.attacks.dager.search import SearchState, pick_batch, threshold
-from gradleak.attacks.dager.settings import DagerSettings
-from gradleak.models.adapters import ModelAdapter
+from gradleak.attacks.dager.search import SentenceSearch, pick_batch, threshold
 
 
 @dataclass
@@ -38,14 +34,8 @@ class Candidate:
 
 
 @dataclass
-class EncoderSearch:
+class EncoderSearch(SentenceSearch):
     """The per-length beam search over one update's token candidates."""
-
-    hf: nn.Module
-    adapter: ModelAdapter
-    layer2: LayerCheck
-    settings: DagerSettings
-    state: SearchState
 
     def run(
         self, candidates: list[list[int]], tokenizer, batch_size: int

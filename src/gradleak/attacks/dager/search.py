@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
+from gradleak.attacks.dager.check import LayerCheck
+from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import gap_threshold
+from gradleak.models.adapters import ModelAdapter
 
 
 @dataclass
@@ -17,6 +21,18 @@ class SearchState:
     capped: bool = False
     # Set when the client's dropout makes the layer-2 span distance a ranking, not a test.
     layer2_ranks_only: bool = False
+
+
+@dataclass
+class SentenceSearch:
+    """What a sentence search works with: the attacker's model, its adapter, layer 2's span
+    check, the settings, and the notes it leaves for the record."""
+
+    hf: nn.Module
+    adapter: ModelAdapter
+    layer2: LayerCheck
+    settings: DagerSettings
+    state: SearchState
 
 
 def threshold(
