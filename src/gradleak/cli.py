@@ -211,7 +211,7 @@ def models() -> None:
     for name, spec in MODELS.items():
         table.add_row(name, spec.family, model_status(name), spec.description)
     console.print(table)
-    console.print("Any Hugging Face hub id or local model folder also works (online users).")
+    console.print("A local model folder also works, and hf:ORG/NAME fetches from the hub (online).")
 
 
 @app.command()
@@ -227,6 +227,9 @@ def datasets(
     for name, info in DATASETS.items():
         table.add_row(name, info.task, dataset_status(name, data_dir), info.description)
     console.print(table)
-    console.print("Your own data: --dataset file:PATH (.txt one per line, .csv or .jsonl).")
+    console.print(
+        "Your own data: --dataset file:PATH (.txt one per line, .csv or .jsonl); "
+        "hf:NAME loads from the Hugging Face hub (online)."
+    )
     if data_dir is None and "GRADLEAK_DATA_DIR" not in os.environ:
         console.print("No data folder given: pass --data-dir or set GRADLEAK_DATA_DIR.")

@@ -282,7 +282,7 @@ def _accepts(model: nn.Module, argument: str) -> bool:
 
 
 def load_prior_model(name: str) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """Load causal LM ``name`` (a registered model, folder or hub id) for use as a prior."""
+    """Load causal LM ``name`` (a registered model, a folder or hf:ORG/NAME) for use as a prior."""
     try:
         victim = load_victim(name, "causal_lm")
     except GradleakError as exc:
