@@ -30,7 +30,7 @@ lint: install-dev
 	$(BIN)/ruff format --check src tests benchmarks
 
 test: lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -rs tests
 
 format: install-dev
 	$(BIN)/ruff format src tests benchmarks

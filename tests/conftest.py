@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TINY_MODELS = ("tiny-bert", "tiny-gpt2", "tiny-llama")
+# CI sets this: there the benchmark data must be present, and its absence fails the tests.
+REQUIRE_DATA = "GRADLEAK_REQUIRE_DATA"
 SENTENCES = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
 
 
@@ -53,3 +56,18 @@ def word_level_lm(words: list[str], layers: int):
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=layers, n_head=2))
     return lm, tokenizer
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The benchmark data folder ($GRADLEAK_DATA_DIR, else the repository's sibling
+    shared/datasets). A user's fresh clone may have none: its tests are then skipped, saying
+    why; CI requires it ($GRADLEAK_REQUIRE_DATA=1), so there a missing folder fails them."""
+    env = os.environ.get("GRADLEAK_DATA_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    if not path.is_dir():
+        message = f"benchmark data folder {path} not found: set GRADLEAK_DATA_DIR"
+        if os.environ.get(REQUIRE_DATA) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

@@ -1,13 +1,11 @@
 """Tests for gradleak.data: loaders, the user's files, LAMP's sampling order.
 
-The real files come from the data directory ($GRADLEAK_DATA_DIR, else the repository's sibling
-shared/datasets). CI always has it, so a missing directory fails these tests instead of skipping.
+The real files come from the data directory (the ``data_dir`` fixture in conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -31,13 +29,6 @@ from gradleak.errors import GradleakError
 LAMP_FIRST_COLA = "Harriet alternated folk songs and pop songs together."
 
 
-@pytest.fixture(scope="session")
-def data_dir() -> Path:
-    env = os.environ.get("GRADLEAK_DATA_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
-    if not path.is_dir():
-        pytest.fail(f"data directory {path} not found: set GRADLEAK_DATA_DIR")
-    return path
 
 
 @pytest.fixture
