@@ -183,6 +183,7 @@ def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
         "R-1 paper": paper.get("rouge1", 0.0),
         "R-2 paper": paper.get("rouge2", 0.0),
         "s/batch": record["timing"]["attack_s"] / n,
+        "update s/batch": record["timing"].get("update_s", 0.0) / n,
         "peak MB": max((s.get("peak_rss_mb") or 0 for s in record["samples"]), default=0) or None,
         "failed": len(record["failed_inputs"]),
     }

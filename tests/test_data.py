@@ -29,8 +29,6 @@ from gradleak.errors import GradleakError
 LAMP_FIRST_COLA = "Harriet alternated folk songs and pop songs together."
 
 
-
-
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No data dir from the environment, and a hub package that fails the test if it is used."""

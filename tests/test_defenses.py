@@ -169,3 +169,16 @@ def test_the_attack_receives_the_defended_update_and_knows_only_public_defenses(
     assert "defenses noise:sigma=0.001+noise:public=false,sigma=0.002" in record.scenario.text
     assert record.config.scenario.defenses[1].public is False
     assert "defenses" not in clean_record.scenario.text
+
+
+def test_dager_says_when_a_public_noise_defense_fills_the_span():
+    from typer.testing import CliRunner
+
+    from gradleak.cli import app
+
+    args = ["attack", "--model", "tiny-gpt2", "--attack", "dager", "--mode", "eval"]
+    clean = CliRunner().invoke(app, args)
+    assert clean.exit_code == 0, clean.output  # the undefended update is inverted
+    noisy = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=0.001"])
+    assert noisy.exit_code == 2
+    assert "the client's defense (noise) fills every direction" in noisy.output

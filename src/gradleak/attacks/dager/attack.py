@@ -56,7 +56,7 @@ class DagerAttack(Attack[DagerSettings]):
         layers: list[LayerCheck] = []
         for layer in (0, 1):
             checked = layer_check(update, knowledge, layer, self.settings)
-            refusal = full_rank_refusal(checked, layer)
+            refusal = full_rank_refusal(checked, layer, knowledge.defenses)
             if refusal is not None:
                 return refusal
             layers.append(checked)

@@ -8,6 +8,7 @@ adapter's space (``A x``), and an A-gradient that moved is checked in the input 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.pytorch_utils import Conv1D
@@ -146,16 +147,23 @@ def layer_check(
     return LayerCheck(checks)
 
 
-def full_rank_refusal(check: LayerCheck, layer: int) -> Refusal | None:
-    """A refusal when one of the layer's spans is full: this batch's limit, not the setup's."""
+def full_rank_refusal(
+    check: LayerCheck, layer: int, defenses: tuple[Any, ...] = ()
+) -> Refusal | None:
+    """A refusal when one of the layer's spans is full: this batch's limit, not the setup's.
+    ``defenses``: the client's public defenses, which can fill the spectrum themselves."""
     for one in check.checks:
-        if one.span.full:
-            return Refusal(
-                f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
-                f"{one.span.rank} (the batch holds at least as many distinct tokens as "
-                f"the {'LoRA rank' if one.transform is not None else 'hidden size'}): "
-                "use a smaller --batch-size or shorter inputs"
-            )
+        if not one.span.full:
+            continue
+        limit = "LoRA rank" if one.transform is not None else "hidden size"
+        cause = f"the batch holds at least as many distinct tokens as the {limit}"
+        if defenses:
+            names = "+".join(d.name for d in defenses)
+            cause = f"the client's defense ({names}) fills every direction, or {cause}"
+        return Refusal(
+            f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
+            f"{one.span.rank} ({cause}): use a smaller --batch-size or shorter inputs"
+        )
     return None
 
 
