@@ -8,6 +8,8 @@ Suites:
                  (--batches inputs; each phase's seconds).
   throughput     LAMP_cos on --batches CoLA inputs at the paper budget: one process with
                  --threads threads vs two worker processes sharing them (wall s per input).
+  update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
+                 CoLA (B=16, and MiniLM B=1), --threads threads and one.
   lamp_main      DLG, TAG, LAMP_cos, LAMP_L2+L1 on MiniLM, CoLA / SST-2 / RT, B=1, eval mode.
   lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.
@@ -43,12 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites_dager  # noqa: E402
 import suites_lamp  # noqa: E402
 import timing  # noqa: E402
+import update_time  # noqa: E402
 from cells import run_suite  # noqa: E402
 
 from gradleak.options import attack_options  # noqa: E402
 
 CELL_SUITES = {**suites_lamp.SUITES, **suites_dager.SUITES}  # tables of ordinary runs
-SUITES = [*timing.SUITES, *CELL_SUITES]
+TIMED_SUITES = {**timing.SUITES, **update_time.SUITES}  # measured in-process, no run records
+SUITES = [*TIMED_SUITES, *CELL_SUITES]
 
 
 def main() -> None:
@@ -81,8 +85,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = args.out / f"steps-{args.steps}" if args.steps else args.out
     for suite in args.suites:
-        if suite in timing.SUITES:
-            timing.SUITES[suite](out, args.batches, args.data_dir)
+        if suite in TIMED_SUITES:
+            TIMED_SUITES[suite](out, args.batches, args.data_dir)
         else:
             cells = CELL_SUITES[suite](args.batches, args.data_dir)
             if args.steps:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import TINY_MODELS, encode
 
-from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.client import GlobalModel, compute_update, timed_update
 from gradleak.federated.protocol import Protocol
 from gradleak.models.tasks import task_loss
 
@@ -43,6 +43,103 @@ def test_fedsgd_update_is_the_autograd_gradient(tiny_victim, name):
     assert set(update.tensors) == set(expected)
     for key, grad in expected.items():
         assert torch.equal(update.tensors[key], grad), key
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_train_mode_update_is_a_plain_backward_bit_for_bit(tiny_victim, name):
+    """With dropout active, the update is exactly what ``loss.backward()`` leaves in ``.grad``
+    for the same seed (the client draws the same masks as an ordinary training step)."""
+    victim = tiny_victim(name)
+    batch = encode(victim)
+    gm = GlobalModel.build(victim, Protocol(mode="train", dropout=0.1))
+    update = compute_update(gm, batch, seed=11)
+    expected = reference_gradient(victim, batch, mode="train", seed=11)
+    assert set(update.tensors) == set(expected)
+    for key, grad in expected.items():
+        assert torch.equal(update.tensors[key], grad), key
+
+
+def _state(model):
+    return (
+        {n: p.detach().clone() for n, p in model.named_parameters()},
+        {n: p.requires_grad for n, p in model.named_parameters()},
+        {n: m.training for n, m in model.named_modules()},
+    )
+
+
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        Protocol(mode="train", dropout=0.1),
+        Protocol(mode="eval", share="1.qp"),
+        Protocol(mode="train", lora={"rank": 4, "roles": ("q", "v")}),
+        Protocol(algorithm="fedavg", mode="train", lr=1e-2),
+    ],
+    ids=["fedsgd-train", "fedsgd-partial", "fedsgd-lora", "fedavg"],
+)
+def test_update_leaves_the_global_model_as_it_was(tiny_victim, protocol):
+    """Weights, trainable flags and every module's mode (a mixed one included) are unchanged,
+    and no gradient is left on the global model's parameters."""
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), protocol)
+    gm.model.eval()
+    gm.adapter.layers(gm.model.get_base_model() if protocol.lora else gm.model)[1].train()
+    weights, flags, modes = _state(gm.model)
+    update = compute_update(gm, encode(gm.victim), seed=0)
+    after_weights, after_flags, after_modes = _state(gm.model)
+    assert any(t.abs().sum() > 0 for t in update.tensors.values())
+    assert after_flags == flags
+    assert after_modes == modes
+    for name, weight in weights.items():
+        assert torch.equal(after_weights[name], weight), name
+    assert all(p.grad is None for p in gm.model.parameters())
+
+
+def test_mode_is_restored_when_the_update_fails(tiny_victim):
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol(mode="train"))
+    gm.model.eval()
+    batch = encode(gm.victim)
+    batch.labels["label"] = torch.tensor([0, 7])  # no such class: the loss raises
+    with pytest.raises((IndexError, RuntimeError)):
+        compute_update(gm, batch, seed=0)
+    assert not any(m.training for m in gm.model.modules())
+
+
+@pytest.mark.parametrize(
+    ("name", "protocol"),
+    [
+        ("tiny-bert", Protocol(mode="eval")),
+        ("tiny-gpt2", Protocol(mode="eval", share="0.qkv,1.f")),
+        (
+            "tiny-gpt2",
+            Protocol(mode="eval", lora={"rank": 4, "roles": ("q", "k", "v")}, share="0.qkv"),
+        ),
+    ],
+    ids=["full", "gpt2-fused-slices", "gpt2-lora-fused"],
+)
+def test_update_tensors_own_their_memory(tiny_victim, name, protocol):
+    """No two tensors of an update share memory, nor any with the model: fused q/k/v slices
+    and a LoRA A matrix sent once per role are each a tensor of their own."""
+    gm = GlobalModel.build(tiny_victim(name), protocol)
+    update = compute_update(gm, encode(gm.victim), seed=0)
+    model_storages = {p.untyped_storage().data_ptr() for p in gm.model.parameters()}
+    storages = [t.untyped_storage().data_ptr() for t in update.tensors.values()]
+    assert len(set(storages)) == len(storages)
+    assert not set(storages) & model_storages
+    for key, spec in zip(update.tensors, gm.specs, strict=True):
+        tensor = update.tensors[key]
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size(), key
+        assert spec.key == key
+
+
+def test_timed_update_reports_seconds_beside_the_update(tiny_victim):
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol(mode="train", dropout=0.1))
+    batch = encode(gm.victim)
+    update, seconds = timed_update(gm, batch, seed=4)
+    plain = compute_update(gm, batch, seed=4)
+    assert seconds > 0
+    assert update.metadata == plain.metadata  # the server sees no timing
+    for key, tensor in plain.tensors.items():
+        assert torch.equal(update.tensors[key], tensor), key
 
 
 def test_huggingface_loss_agrees_with_task_loss(tiny_victim):
