@@ -68,24 +68,7 @@ def encode_examples(
     Sequences longer than the model allows are an error unless ``max_tokens`` truncates them.
     """
     limit = min(max_tokens or max_positions, max_positions)
-    if task == "qa":
-        if any(ex.context is None for ex in examples):
-            raise GradleakError("task qa needs question/context examples: use --dataset squad")
-        enc = tokenizer(
-            [ex.text for ex in examples],
-            [ex.context for ex in examples],
-            return_offsets_mapping=True,
-            padding=False,
-            truncation="only_second" if max_tokens else False,
-            max_length=limit if max_tokens else None,
-        )
-    else:
-        enc = tokenizer(
-            [ex.text for ex in examples],
-            padding=False,
-            truncation=bool(max_tokens),
-            max_length=limit if max_tokens else None,
-        )
+    enc = _tokenize(tokenizer, examples, task, limit, truncate=bool(max_tokens))
     rows = enc["input_ids"]
     if task == "causal_lm":
         rows = [end_with_eos(tokenizer, row) for row in rows]
@@ -99,31 +82,58 @@ def encode_examples(
         )
     if tokenizer.pad_token_id is None:
         raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
-    input_ids = torch.full((len(rows), longest), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        attention_mask[i, : len(row)] = 1
+    input_ids = _padded(rows, longest, tokenizer.pad_token_id)
+    attention_mask = _padded([[1] * len(row) for row in rows], longest, 0)
     token_type_ids = None
     if "token_type_ids" in enc:
-        token_type_ids = torch.zeros_like(input_ids)
-        for i, row in enumerate(enc["token_type_ids"]):
-            token_type_ids[i, : len(row)] = torch.tensor(row)
-    labels: dict[str, torch.Tensor] = {}
+        token_type_ids = _padded(enc["token_type_ids"], longest, 0)
+    labels = _labels(enc, examples, task)
+    return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
+
+
+def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncate: bool):
+    """The tokenizer's encoding of the batch (question and context pairs for QA)."""
+    if task == "qa":
+        if any(ex.context is None for ex in examples):
+            raise GradleakError("task qa needs question/context examples: use --dataset squad")
+        return tokenizer(
+            [ex.text for ex in examples],
+            [ex.context for ex in examples],
+            return_offsets_mapping=True,
+            padding=False,
+            truncation="only_second" if truncate else False,
+            max_length=limit if truncate else None,
+        )
+    return tokenizer(
+        [ex.text for ex in examples],
+        padding=False,
+        truncation=truncate,
+        max_length=limit if truncate else None,
+    )
+
+
+def _padded(rows: list[list[int]], length: int, fill: int) -> torch.Tensor:
+    """``rows`` as a ``[len(rows), length]`` long tensor, right-padded with ``fill``."""
+    out = torch.full((len(rows), length), fill, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def _labels(enc, examples: list[Example], task: str) -> dict[str, torch.Tensor]:
+    """The loss's targets: a class per example, or QA's answer start and end positions."""
     if task == "classification":
         if any(ex.label is None for ex in examples):
             raise GradleakError(
                 "task classification needs labeled examples: add a label column, give every "
                 "example one with --label 0|1|random, or use --task causal_lm"
             )
-        labels["label"] = torch.tensor([int(ex.label) for ex in examples])
-    elif task == "qa":
-        starts, ends = zip(
-            *(_answer_span(enc, i, ex) for i, ex in enumerate(examples)), strict=True
-        )
-        labels["start"] = torch.tensor(starts)
-        labels["end"] = torch.tensor(ends)
-    return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
+        return {"label": torch.tensor([int(ex.label) for ex in examples])}
+    if task == "qa":
+        spans = [_answer_span(enc, i, ex) for i, ex in enumerate(examples)]
+        starts, ends = zip(*spans, strict=True)
+        return {"start": torch.tensor(starts), "end": torch.tensor(ends)}
+    return {}
 
 
 def end_with_eos(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> list[int]:
