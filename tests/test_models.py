@@ -111,6 +111,8 @@ def test_smollm2_is_converted_once_into_the_cache(monkeypatch, tmp_path):
 
     monkeypatch.setattr(sources, "_convert_smollm2", fake_convert)
     monkeypatch.setattr(sources, "smollm2_gguf_dir", lambda: tmp_path)  # the package is there
+    spec = MODELS["smollm2"]
+    monkeypatch.setitem(MODELS, "smollm2", dataclasses.replace(spec, locate=lambda: tmp_path))
     assert model_status("smollm2") == "present"
     target = tmp_path / "smollm2-135m-instruct"
     assert sources.smollm2_source() == target and sources.smollm2_source() == target
