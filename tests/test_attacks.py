@@ -47,6 +47,12 @@ def test_dummy_gradient_at_the_truth_equals_the_update(tiny_victim, name, task, 
     for got, want in zip(dummy, matcher.targets, strict=True):
         assert torch.allclose(got, want, atol=1e-7, rtol=1e-5)
     assert matcher.loss(true_embeds, targets).item() < 1e-10
+    # ... and only there: one other token in the text moves the gradient away from the update.
+    other_ids = batch.input_ids.clone()
+    other_ids[0, 1] = other_ids[0, 1] + 1
+    other_embeds = victim.adapter.token_embedding(unwrap(matcher.model))(other_ids)
+    other_targets = other_ids if task == "causal_lm" else None
+    assert matcher.loss(other_embeds, other_targets).item() > 1e-6
 
 
 def test_token_embedding_table_is_not_matched(tiny_victim):
@@ -130,6 +136,16 @@ def test_matching_a_subset_uses_only_those_tensors(tiny_victim):
     ]
     matcher = GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys)
     assert matcher.param_names == sorted(keys)
+    # The loss reads those tensors of the update and no other.
+    embeds = torch.randn(*knowledge.template_ids.shape, victim.model.config.hidden_size)
+    loss = matcher.loss(embeds).item()
+    other = next(k for k in update.tensors if k not in keys)
+    update.tensors[other] = torch.full_like(update.tensors[other], 1e6)
+    assert GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys).loss(
+        embeds
+    ).item() == pytest.approx(loss, rel=1e-6)
+    update.tensors[keys[0]] = torch.full_like(update.tensors[keys[0]], 1e6)
+    assert GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys).loss(embeds).item() > 1e6
 
 
 def test_matching_tensors_the_update_lacks_is_an_error(tiny_victim):
