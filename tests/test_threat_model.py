@@ -40,6 +40,18 @@ def test_knowledge_holds_no_private_token(tiny_victim):
     text_positions = batch.attention_mask.bool() & (knowledge.template_ids < 0)
     assert text_positions.sum() == sum(n - 2 for n in batch.lengths)
     assert knowledge.lengths == tuple(batch.lengths)
+    # [CLS] text [SEP] and the shorter row's padding: the server knows exactly these.
+    tok = victim.tokenizer
+    cls, sep, pad = tok.cls_token_id, tok.sep_token_id, tok.pad_token_id
+    assert knowledge.template_ids.tolist() == [
+        [cls, -1, -1, -1, -1, -1, -1, sep],
+        [cls, -1, -1, -1, -1, sep, pad, pad],
+    ]
+    assert knowledge.labels["label"].tolist() == [1, 0]
+    # What the scenario declares unknown, the server does not get.
+    blind = server_knowledge(gm, batch, known_labels=False, known_lengths=False)
+    assert blind.labels is None and blind.lengths is None and blind.template_ids is None
+    assert blind.token_type_ids is None and blind.attention_mask is None
 
 
 def test_runner_hands_the_attack_no_batch(tiny_victim, monkeypatch):
