@@ -47,6 +47,12 @@ def test_dummy_gradient_at_the_truth_equals_the_update(tiny_victim, name, task, 
     for got, want in zip(dummy, matcher.targets, strict=True):
         assert torch.allclose(got, want, atol=1e-7, rtol=1e-5)
     assert matcher.loss(true_embeds, targets).item() < 1e-10
+    # ... and only there: one other token in the text moves the gradient away from the update.
+    other_ids = batch.input_ids.clone()
+    other_ids[0, 1] = other_ids[0, 1] + 1
+    other_embeds = victim.adapter.token_embedding(unwrap(matcher.model))(other_ids)
+    other_targets = other_ids if task == "causal_lm" else None
+    assert matcher.loss(other_embeds, other_targets).item() > 1e-6
 
 
 def test_token_embedding_table_is_not_matched(tiny_victim):
@@ -66,35 +72,57 @@ def test_attack_recovers_a_known_sentence_on_a_tiny_model(tiny_victim, attack):
     result = make_attack(attack, steps=300).reconstruct(update, knowledge, seed=0)
     tokenizer = victim.tokenizer
     prediction = tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
+    # Every token at its position, [CLS] and [SEP] included: the exact private sequence.
+    assert result.token_ids == [batch.input_ids[0, : batch.lengths[0]].tolist()], prediction
     strict = metrics.strict_scores([prediction], ["the cat sat on the mat"])
-    assert strict.means["rouge1"] >= 90, prediction
-    # Special tokens stay at their known positions.
-    assert result.token_ids[0][0] == tokenizer.cls_token_id
-    assert result.token_ids[0][-1] == tokenizer.sep_token_id
+    assert strict.means["exact_match"] == 100.0
 
 
-def test_attack_is_deterministic_for_a_seed(tiny_victim):
+def test_attack_is_deterministic_for_a_seed_and_the_seed_matters(tiny_victim):
     victim = tiny_victim("tiny-bert")
     _, update, knowledge = scenario(victim, Protocol(mode="eval"))
     first = make_attack("tag", steps=20).reconstruct(update, knowledge, seed=4)
     again = make_attack("tag", steps=20).reconstruct(update, knowledge, seed=4)
     assert first.token_ids == again.token_ids
     assert first.info["best_loss"] == again.info["best_loss"]
+    # Another seed starts elsewhere: after 20 steps neither the tokens nor the loss agree.
+    other = make_attack("tag", steps=20).reconstruct(update, knowledge, seed=5)
+    assert other.token_ids != first.token_ids
+    assert other.info["best_loss"] != first.info["best_loss"]
 
 
-def test_batch_of_two_keeps_each_length_and_padding(tiny_victim):
+def test_batch_of_two_keeps_each_length_and_its_known_tokens(tiny_victim):
     victim = tiny_victim("tiny-bert")
     batch, update, knowledge = scenario(victim, Protocol(mode="eval"))
     result = make_attack("tag", steps=5).reconstruct(update, knowledge, seed=0)
-    assert [len(ids) for ids in result.token_ids] == batch.lengths
+    # Each row cut at its own length (8 and 6 tokens), the padding of the shorter one dropped.
+    assert [len(ids) for ids in result.token_ids] == batch.lengths == [8, 6]
+    specials = set(victim.tokenizer.all_special_ids)
+    for row, ids in enumerate(result.token_ids):
+        template = knowledge.template_ids[row, : len(ids)].tolist()
+        # [CLS] and [SEP] exactly where the server knows them ...
+        assert [t for t, k in zip(ids, template, strict=True) if k >= 0] == [
+            victim.tokenizer.cls_token_id,
+            victim.tokenizer.sep_token_id,
+        ]
+        assert ids[0] == template[0] and ids[-1] == template[-1]
+        # ... and the guessed positions hold ordinary tokens, never a special one.
+        guessed = [t for t, k in zip(ids, template, strict=True) if k < 0]
+        assert len(guessed) == len(ids) - 2
+        assert not set(guessed) & specials
 
 
 def test_attack_works_on_fedavg_and_lora_updates(tiny_victim):
     victim = tiny_victim("tiny-gpt2")
     protocol = Protocol(algorithm="fedavg", mode="train", epochs=2, lr=1e-3, lora={"rank": 2})
-    _, update, knowledge = scenario(victim, protocol)
-    result = make_attack("tag", steps=3).reconstruct(update, knowledge, seed=0)
-    assert len(result.token_ids) == 2
+    batch, update, knowledge = scenario(victim, protocol)
+    assert update.kind == "weight_delta"
+    assert update.tensors and all("lora_" in key for key in update.tensors)
+    start = make_attack("tag", steps=1).reconstruct(update, knowledge, seed=0)
+    result = make_attack("tag", steps=10).reconstruct(update, knowledge, seed=0)
+    assert [len(ids) for ids in result.token_ids] == batch.lengths
+    # From the same start (the loss of step 0), ten Adam steps lower the matching loss.
+    assert 0 < result.info["best_loss"] < start.info["best_loss"]
 
 
 def test_matching_a_subset_uses_only_those_tensors(tiny_victim):
@@ -108,13 +136,27 @@ def test_matching_a_subset_uses_only_those_tensors(tiny_victim):
     ]
     matcher = GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys)
     assert matcher.param_names == sorted(keys)
+    # The loss reads those tensors of the update and no other.
+    embeds = torch.randn(*knowledge.template_ids.shape, victim.model.config.hidden_size)
+    loss = matcher.loss(embeds).item()
+    other = next(k for k in update.tensors if k not in keys)
+    update.tensors[other] = torch.full_like(update.tensors[other], 1e6)
+    assert GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys).loss(
+        embeds
+    ).item() == pytest.approx(loss, rel=1e-6)
+    update.tensors[keys[0]] = torch.full_like(update.tensors[keys[0]], 1e6)
+    assert GradientMatcher(update, knowledge, DISTANCES["tag"], keys=keys).loss(embeds).item() > 1e6
 
 
 def test_matching_tensors_the_update_lacks_is_an_error(tiny_victim):
     victim = tiny_victim("tiny-bert")
     _, update, knowledge = scenario(victim, Protocol(mode="eval", share="1.f"))
-    with pytest.raises(GradleakError, match="does not contain"):
+    with pytest.raises(GradleakError) as error:
         make_attack("tag", steps=1, match="0.q").check(update, knowledge)
+    assert str(error.value) == (
+        "--match '0.q' asks for tensors the update does not contain: "
+        "choose a subset of what the client shares"
+    )
 
 
 def test_unknown_labels_is_an_error_for_classification(tiny_victim):
@@ -123,8 +165,13 @@ def test_unknown_labels_is_an_error_for_classification(tiny_victim):
     gm = GlobalModel.build(victim, Protocol(mode="eval"))
     update = compute_update(gm, batch, seed=0)
     knowledge = server_knowledge(gm, batch, known_labels=False)
-    with pytest.raises(GradleakError, match="known labels"):
+    with pytest.raises(GradleakError) as error:
         make_attack("tag").check(update, knowledge)
+    assert str(error.value) == (
+        "attack tag needs known labels: pass --known-labels, or --label-search init"
+    )
+    # known labels: the same update passes the check
+    make_attack("tag").check(update, server_knowledge(gm, batch))
 
 
 def test_projection_never_picks_excluded_tokens():
@@ -134,11 +181,25 @@ def test_projection_never_picks_excluded_tokens():
     assert ids.tolist() == [[2]]
 
 
+def test_projection_is_by_cosine_not_dot_product():
+    # x = (1, 0.9): dot product prefers the long row (10 > 1.9), cosine the aligned one
+    # (cos 1/|x| = 0.74 against 1.9 / (|x| sqrt 2) = 0.999).
+    vocab = torch.tensor([[10.0, 0.0], [1.0, 1.0]])
+    ids = project_to_tokens(torch.tensor([[[1.0, 0.9]]]), vocab, torch.ones(2, dtype=torch.bool))
+    assert ids.tolist() == [[1]]
+
+
 def test_unknown_attack_and_bad_settings_are_errors():
-    with pytest.raises(GradleakError, match="unknown attack"):
+    with pytest.raises(GradleakError) as error:
         make_attack("lamp-magic")
-    with pytest.raises(GradleakError, match="steps"):
+    assert str(error.value) == (
+        "unknown attack 'lamp-magic': use one of dlg, tag, lamp-cos, lamp-l2l1, dager"
+    )
+    with pytest.raises(GradleakError) as error:
         make_attack("tag", steps=0)
+    assert str(error.value) == (
+        "bad settings for attack tag: steps: Input should be greater than or equal to 1"
+    )
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)

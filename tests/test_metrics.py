@@ -52,6 +52,10 @@ def test_strip_special_tokens() -> None:
     )
     assert strip_special_tokens("[CLS]the cat [PAD] [PAD]", BERT_SPECIALS) == "the cat"
     assert strip_special_tokens("  a   b ", ()) == "a b"
+    # case-insensitive; a token replaced by a space, so "[cls]the" keeps "the" a word
+    assert strip_special_tokens("[cls]the [Sep]", BERT_SPECIALS) == "the"
+    # longest first: "<|end" removed before "<|endoftext|>" would leave the word "oftext|>"
+    assert strip_special_tokens("a<|endoftext|>b <|end c", ("<|end", "<|endoftext|>")) == "a b c"
 
 
 def test_swapped_batch_is_matched_back_in_strict_and_in_paper() -> None:
@@ -78,6 +82,48 @@ def test_paper_matching_is_by_rouge1_alone() -> None:
     paper = paper_scores(preds, refs)
     assert [p["rouge1"] for p in paper.per_pair] == pytest.approx([100.0, 50.0])
     assert strict_scores(preds, refs).matching == [0, 1]
+
+
+def test_hungarian_matching_beats_each_reference_taking_its_best() -> None:
+    # Both references prefer "a b c"; the best total gives it to the longer one.
+    # R1/R2/RL F-scores (x100):
+    #   "a b"     vs "a b c": R1 P 2/3 R 1 -> 80, R2 P 1/2 R 1 -> 200/3, RL 80   (sum 226.7)
+    #   "a b"     vs "a":     R1 P 1 R 1/2 -> 200/3, R2 0, RL 200/3            (sum 133.3)
+    #   "a b c d" vs "a b c": R1 P 1 R 3/4 -> 600/7, R2 P 1 R 2/3 -> 80, RL 600/7 (sum 251.4)
+    #   "a b c d" vs "a":     R1 P 1 R 1/4 -> 40, R2 0, RL 40                    (sum 80)
+    # In order (each reference its best, first come first served): 226.7 + 80 = 306.7;
+    # swapped: 133.3 + 251.4 = 384.8, so reference 0 gets "a" and reference 1 "a b c".
+    refs = ["a b", "a b c d"]
+    preds = ["a b c", "a"]
+    strict = strict_scores(preds, refs)
+    assert strict.matching == [1, 0]
+    assert [p.prediction for p in strict.pairs] == ["a", "a b c"]
+    assert strict.means["rouge1"] == pytest.approx((200 / 3 + 600 / 7) / 2)
+    assert strict.means["rouge2"] == pytest.approx(40.0)  # (0 + 80) / 2
+    # words at their positions: "a" 1 of 2; "a b c" 3 of 4 -> (50 + 75) / 2
+    assert strict.means["token_accuracy"] == pytest.approx(62.5)
+    # LAMP's ROUGE-1 matching: 80 + 40 in order, 200/3 + 600/7 swapped: the same pairing.
+    paper = paper_scores(preds, refs)
+    assert [p["rouge1"] for p in paper.per_pair] == pytest.approx([200 / 3, 600 / 7])
+    # DAGER's "best": both references take "a b c".
+    best = paper_scores(preds, refs, pairing="best")
+    assert [p["rouge1"] for p in best.per_pair] == pytest.approx([80.0, 600 / 7])
+    assert [p["rouge2"] for p in best.per_pair] == pytest.approx([200 / 3, 80.0])
+
+
+def test_right_words_in_the_wrong_order() -> None:
+    # pred is the reference reversed: every unigram shared -> R1 100; no bigram shared
+    # ("mat the", "the on", "on sat", "sat cat", "cat the" vs "the cat", "cat sat", "sat on",
+    # "on the", "the mat") -> R2 0; the longest common subsequence is a palindrome of the
+    # reference, "the cat the" (3 of 6) -> RL 50; no word at its own position -> 0.
+    pred = "mat the on sat cat the"
+    pair = strict_scores([pred], [CAT]).pairs[0]
+    assert pair.scores() == pytest.approx(
+        {"rouge1": 100, "rouge2": 0, "rougeL": 50, "token_accuracy": 0, "exact_match": 0}
+    )
+    assert dict(paper_scores([pred], [CAT])) == pytest.approx(
+        {"rouge1": 100, "rouge2": 0, "rougeL": 50}
+    )
 
 
 def test_a_run_scores_a_batch_returned_in_another_order_as_recovered(tiny_victim) -> None:
@@ -204,11 +250,12 @@ def test_results_round_trip_through_json() -> None:
     strict = strict_scores(
         [DOG, CAT], [CAT, DOG, "x"], prediction_ids=[[1], [2]], reference_ids=[[2], [1], [3]]
     )
-    paper = paper_scores([DOG, CAT], [CAT, DOG])
+    paper = paper_scores([DOG, CAT], [CAT_LAY, DOG])
     strict_back = StrictResult.from_dict(json.loads(json.dumps(strict.to_dict())))
     paper_back = PaperResult.from_dict(json.loads(json.dumps(paper.to_dict())))
     assert strict_back == strict
-    assert paper_back.means == paper.means
+    assert paper_back.per_pair == paper.per_pair
+    assert strict_back.matching == [1, 0, None] and strict_back.n_predictions == 2
     assert aggregate([strict.to_dict()], [paper.to_dict()]) == aggregate([strict], [paper])
     json.dumps(aggregate([strict], [paper]))
 

@@ -137,8 +137,9 @@ def test_smollm2_without_its_package_or_cache(monkeypatch, tmp_path):
 
 
 def test_unknown_task_is_a_clear_error():
-    with pytest.raises(GradleakError, match="unknown task"):
+    with pytest.raises(GradleakError) as err:
         load_victim("tiny-bert", task="translation")
+    assert str(err.value) == "unknown task 'translation': use one of classification, causal_lm, qa"
 
 
 def test_minilm_loads_offline_with_eager_attention():
@@ -174,6 +175,19 @@ def test_prior_loads_registered_decoders(name):
     model, tokenizer = load_prior_model(name)
     assert tokenizer.vocab_size == 30522
     assert model.config.model_type == name.removeprefix("tiny-")
+    # the tiny victims' vocabulary: a prior that reads their ids as they are
+    assert tokenizer.get_vocab() == load_victim("tiny-bert").tokenizer.get_vocab()
+    # a causal LM: a next-token distribution over that vocabulary at every position, which a
+    # later token does not change
+    ids = tokenizer("the cat sat on the mat", return_tensors="pt")["input_ids"]
+    changed = ids.clone()
+    changed[0, -2] = tokenizer.convert_tokens_to_ids("dog")
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids).logits
+        other = model(input_ids=changed).logits
+    assert logits.shape == (1, ids.shape[1], 30522)
+    assert torch.allclose(logits[0, :-2], other[0, :-2], atol=1e-6)
+    assert not torch.allclose(logits[0, -2:], other[0, -2:])
 
 
 def test_prior_rejects_encoders_and_unknown_names():
@@ -193,13 +207,51 @@ def test_prior_loads_smollm2():
     assert next(model.parameters()).dtype == torch.float32
 
 
+# Each role's module in layer {i}, and its part of a fused projection: (name, part, parts).
+ROLE_MODULES = {
+    "tiny-bert": {
+        "q": ("bert.encoder.layer.{i}.attention.self.query", 0, 1),
+        "k": ("bert.encoder.layer.{i}.attention.self.key", 0, 1),
+        "v": ("bert.encoder.layer.{i}.attention.self.value", 0, 1),
+        "o": ("bert.encoder.layer.{i}.attention.output.dense", 0, 1),
+        "f": ("bert.encoder.layer.{i}.intermediate.dense", 0, 1),
+        "p": ("bert.encoder.layer.{i}.output.dense", 0, 1),
+    },
+    "tiny-gpt2": {
+        "q": ("transformer.h.{i}.attn.c_attn", 0, 3),
+        "k": ("transformer.h.{i}.attn.c_attn", 1, 3),
+        "v": ("transformer.h.{i}.attn.c_attn", 2, 3),
+        "o": ("transformer.h.{i}.attn.c_proj", 0, 1),
+        "f": ("transformer.h.{i}.mlp.c_fc", 0, 1),
+        "p": ("transformer.h.{i}.mlp.c_proj", 0, 1),
+    },
+    "tiny-llama": {
+        "q": ("model.layers.{i}.self_attn.q_proj", 0, 1),
+        "k": ("model.layers.{i}.self_attn.k_proj", 0, 1),
+        "v": ("model.layers.{i}.self_attn.v_proj", 0, 1),
+        "o": ("model.layers.{i}.self_attn.o_proj", 0, 1),
+        "f": ("model.layers.{i}.mlp.up_proj", 0, 1),
+        "p": ("model.layers.{i}.mlp.down_proj", 0, 1),
+    },
+}
+
+
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2", "tiny-llama"])
-def test_every_role_of_every_layer_is_a_distinct_module_or_fused_part(name):
+def test_every_role_of_every_layer_is_its_own_module_or_fused_part(name):
     victim = load_victim(name)
+    names = {id(module): n for n, module in victim.model.named_modules()}
+    layers = victim.adapter.num_layers(victim.model)
+    assert layers == victim.model.config.num_hidden_layers
     seen = set()
-    for layer in range(victim.adapter.num_layers(victim.model)):
+    for layer in range(layers):
         for role in ROLES:
             rm = victim.adapter.role_module(victim.model, layer, role)
+            where, part, parts = ROLE_MODULES[name][role]
+            assert (names[id(rm.module)], rm.part, rm.parts) == (
+                where.format(i=layer),
+                part,
+                parts,
+            ), (layer, role)
             key = (id(rm.module), rm.part)
             assert key not in seen, (layer, role)
             seen.add(key)
@@ -245,17 +297,33 @@ def test_qa_labels_point_at_the_answer_tokens():
 
 def test_classification_without_labels_is_an_error():
     victim = load_victim("tiny-bert")
-    with pytest.raises(GradleakError, match="labeled"):
+    with pytest.raises(GradleakError) as err:
         encode_examples(victim.tokenizer, [Example("no label here")], "classification", 128)
+    assert str(err.value) == (
+        "task classification needs labeled examples: add a label column, give every example "
+        "one with --label 0|1|random, or use --task causal_lm"
+    )
 
 
 def test_too_long_sequence_is_an_error_unless_truncated():
     victim = load_victim("tiny-bert")
+    tokenizer = victim.tokenizer
     long = [Example(" ".join(["word"] * 300), label=0)]
-    with pytest.raises(GradleakError, match="--max-tokens"):
-        encode_examples(victim.tokenizer, long, "classification", 128)
-    batch = encode_examples(victim.tokenizer, long, "classification", 128, max_tokens=16)
-    assert batch.input_ids.shape == (1, 16)
+    with pytest.raises(GradleakError) as err:
+        encode_examples(tokenizer, long, "classification", 128)
+    assert str(err.value) == (
+        "a sequence has 302 tokens but the model allows 128: pass --max-tokens 128 to "
+        "truncate, or choose shorter inputs"
+    )
+    batch = encode_examples(tokenizer, long, "classification", 128, max_tokens=16)
+    # cut to 16 tokens that still end with [SEP]: [CLS], 14 words, [SEP]
+    word = tokenizer.convert_tokens_to_ids("word")
+    expected = [tokenizer.cls_token_id, *[word] * 14, tokenizer.sep_token_id]
+    assert batch.input_ids.tolist() == [expected]
+    assert batch.lengths == [16] and batch.labels["label"].tolist() == [0]
+    # a limit above the model's truncates to the model's
+    batch = encode_examples(tokenizer, long, "classification", 128, max_tokens=500)
+    assert batch.lengths == [128] and batch.input_ids[0, -1] == tokenizer.sep_token_id
 
 
 def test_causal_lm_examples_end_with_one_eos_even_when_truncated(tiny_victim):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import word_level_lm
@@ -118,7 +121,60 @@ def test_scores_are_remembered_up_to_the_limit(tiny_victim):
     small = CausalLMPrior("tiny-gpt2", lm.model, lm.tokenizer, victim.tokenizer, memo=3)
     small.sentence_nll(sequences[:2])
     small.sentence_nll(sequences[2:4])
-    assert len(small._scores) <= 3
+    # four texts seen, three kept: the oldest one goes, the latest call's two stay
+    recent = {tuple(small.prior_ids(ids)) for ids in sequences[2:4]}
+    assert len(small._scores) == 3 and recent <= set(small._scores)
+    for key, (total, count) in small._scores.items():
+        assert (total, count) == pytest.approx(_plain_nll(lm.model, list(key)), rel=1e-4)
+    before = len(calls)
+    again = small.sentence_nll(sequences[2:4])
+    assert len(calls) == before  # served from memory
+    assert torch.allclose(again[0], first[0][2:4], rtol=1e-6)
+
+
+class _BigramLM(nn.Module):
+    """A causal LM whose next-token distribution depends on the current token only, with
+    probabilities proportional to ``weights[current]``: its scores can be worked out by hand."""
+
+    def __init__(self, weights: list[list[float]]) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.tensor(weights).log())
+        self.config = SimpleNamespace()  # no BOS/EOS beyond the tokenizer's
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+# vocabulary: <bos> <pad> <unk> the cat sat; row i: weights of the token after token i
+BIGRAM_WORDS = ["<bos>", "<pad>", "<unk>", "the", "cat", "sat"]
+BIGRAM_WEIGHTS = [
+    [1, 1, 1, 4, 2, 1],  # after <bos>: the 4/10, cat 2/10, sat 1/10
+    [1, 1, 1, 1, 1, 1],
+    [1, 1, 1, 1, 1, 1],
+    [1, 1, 1, 1, 5, 1],  # after the: cat 5/10
+    [1, 1, 1, 1, 1, 5],  # after cat: sat 5/10
+    [1, 1, 1, 3, 2, 2],  # after sat: the 3/10
+]
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 256])
+@pytest.mark.parametrize("victim_vocab", ["same", "bert"])
+def test_scores_equal_a_hand_computation(tiny_victim, tree_nodes, victim_vocab):
+    _, tokenizer = word_level_lm(BIGRAM_WORDS, layers=1)
+    model = _BigramLM(BIGRAM_WEIGHTS)
+    victim_tokenizer = tokenizer if victim_vocab == "same" else tiny_victim().tokenizer
+    prior = CausalLMPrior("bigram", model, tokenizer, victim_tokenizer, tree_nodes=tree_nodes)
+    texts = ["the cat sat", "sat the", "cat", ""]
+    ids = [victim_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    sums, counts = prior.sentence_nll(ids)
+    # each text after <bos>, nothing after it (this tokenizer has no EOS):
+    #   the cat sat: -ln(4/10) - ln(5/10) - ln(5/10) = ln 10
+    #   sat the:     -ln(1/10) - ln(3/10)            = ln(100/3)
+    #   cat:         -ln(2/10)                       = ln 5
+    #   (empty):     <bos> alone, nothing scored     = 0
+    assert sums.tolist() == pytest.approx([math.log(10), math.log(100 / 3), math.log(5), 0.0])
+    assert counts.tolist() == [3, 2, 1, 0]
+    assert prior._tree_ok is (True if tree_nodes else None)
 
 
 def test_prefix_trees_hold_each_distinct_prefix_once():
