@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
-
-import torch
 
 from gradleak import metrics
 from gradleak.attacks import ATTACKS, Attack, AttackFailed, Refusal
@@ -23,16 +22,20 @@ from gradleak.data import (
     natural_task,
     sample_batches,
 )
-from gradleak.defenses import Defense, apply_update_defenses, build_defenses, format_defenses
+from gradleak.defenses import Defense, build_defenses, clients_of, format_defenses
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
-from gradleak.federated.client import GlobalModel, compute_update
+from gradleak.federated.client import GlobalModel
+from gradleak.federated.round import server_round
 from gradleak.federated.server import server_knowledge
 from gradleak.models.registry import Victim, load_victim
 from gradleak.models.tasks import encode_examples
 
-# Independent seed streams of one input.
+# Independent seed streams of one input: the attacked client, the attack, the attacked
+# client's defenses; the other clients of a combined round take two streams each from
+# OTHER_CLIENTS_STREAM on (see ``round_seeds``).
 CLIENT_STREAM, ATTACK_STREAM, DEFENSE_STREAM = 0, 1, 2
+OTHER_CLIENTS_STREAM = 100
 
 
 def derived_seed(seed: int, index: int, stream: int) -> int:
@@ -46,7 +49,8 @@ class Prepared:
 
     victim: Victim
     global_model: GlobalModel
-    batches: list[list[Example]]
+    batches: list[list[Example]]  # the attacked clients' private batches, one per input
+    others: list[list[list[Example]]]  # per input: the other clients' batches of its round
     task: str
     attack: Attack  # built once: what it loads (an LM prior) serves every input
     defenses: list[Defense]
@@ -66,9 +70,9 @@ def prepare(config: RunConfig) -> Prepared:
     scenario, data = config.scenario, config.scenario.data
     examples = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
     examples, notice = assign_labels(examples, data.label, seed=data.sample_seed)
-    batches = sample_batches(examples, data.n_inputs, data.batch_size, seed=data.sample_seed)
-    task = scenario.task or natural_task(data.dataset, examples)
     defenses = build_defenses(scenario.defenses)
+    batches, others = client_batches(examples, config, clients_of(defenses))
+    task = scenario.task or natural_task(data.dataset, examples)
     attack = build_attack(config)
     attack.prepare()
     victim = load_victim(scenario.model, task, seed=config.seed)
@@ -80,7 +84,27 @@ def prepare(config: RunConfig) -> Prepared:
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     load_s = time.perf_counter() - start
     notices = [notice] if notice else []
-    return Prepared(victim, global_model, batches, task, attack, defenses, load_s, notices)
+    return Prepared(victim, global_model, batches, others, task, attack, defenses, load_s, notices)
+
+
+def client_batches(
+    examples: list[Example], config: RunConfig, clients: int
+) -> tuple[list[list[Example]], list[list[list[Example]]]]:
+    """The attacked client's batch of every input, in LAMP's order, and the batches of the
+    other ``clients - 1`` clients of each input's round, drawn after all attacked ones (so the
+    attacked batches are the same with and without other clients)."""
+    data = config.scenario.data
+    needed = data.n_inputs * clients * data.batch_size
+    if clients > 1 and needed > len(examples):
+        raise GradleakError(
+            f"{clients} clients per round need n_inputs * clients * batch_size = {needed} "
+            f"examples but the dataset has {len(examples)}: lower --n-inputs, --batch-size "
+            "or the number of clients"
+        )
+    every = sample_batches(examples, data.n_inputs * clients, data.batch_size, data.sample_seed)
+    attacked, rest = every[: data.n_inputs], every[data.n_inputs :]
+    others = [rest[i * (clients - 1) : (i + 1) * (clients - 1)] for i in range(data.n_inputs)]
+    return attacked, others
 
 
 def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str, Any]:
@@ -88,23 +112,18 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
 
     Returns the sample as the store keeps it (``store.ResultStore``): per-pair scores
     included, so that a resumed run can aggregate them."""
-    victim, gm = prepared.victim, prepared.global_model
-    knows = config.scenario.knowledge
-    batch_examples = prepared.batches[index]
-    batch = encode_examples(
-        victim.tokenizer,
-        batch_examples,
-        prepared.task,
-        victim.adapter.max_positions(victim.model),
-        config.scenario.data.max_tokens,
-    )
+    gm, knows = prepared.global_model, config.scenario.knowledge
+    groups = [prepared.batches[index], *prepared.others[index]]  # the attacked client first
+    batches = [encode(config, prepared, examples) for examples in groups]
+    batch_examples = [ex for examples in groups for ex in examples]
+    # what the evaluator holds and the server's knowledge describe: every private text of
+    # the round (one client's batch without an across-clients defense)
+    batch = batches[0] if len(batches) == 1 else encode(config, prepared, batch_examples)
     reset_peak_memory()  # this input's window: the update, the attack and its prior
     started = time.perf_counter()
-    update = compute_update(gm, batch, seed=derived_seed(config.seed, index, CLIENT_STREAM))
-    if prepared.defenses:
-        noise = torch.Generator().manual_seed(derived_seed(config.seed, index, DEFENSE_STREAM))
-        update = apply_update_defenses(update, prepared.defenses, noise)
+    update = server_round(gm, batches, prepared.defenses, partial(round_seeds, config, index))
     update_s = time.perf_counter() - started
+    del batches
     public = tuple(d.settings for d in prepared.defenses if d.settings.public)
     knowledge = server_knowledge(gm, batch, knows.known_labels, knows.known_lengths, public)
     references_ids = [
@@ -124,7 +143,11 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         return {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
     attack_s = time.perf_counter() - started
     scores = evaluate(
-        index, victim.tokenizer, references_ids, reconstruction.token_ids, attack.paper_pairing
+        index,
+        prepared.victim.tokenizer,
+        references_ids,
+        reconstruction.token_ids,
+        attack.paper_pairing,
     )
     return scores | {
         "labels": [ex.label for ex in batch_examples],
@@ -134,6 +157,30 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "peak_rss_mb": peak_memory_mb(),
         "info": reconstruction.info,
     }
+
+
+def encode(config: RunConfig, prepared: Prepared, examples: list[Example]):
+    """A client's private examples tokenized as its fine-tuning does."""
+    victim = prepared.victim
+    return encode_examples(
+        victim.tokenizer,
+        examples,
+        prepared.task,
+        victim.adapter.max_positions(victim.model),
+        config.scenario.data.max_tokens,
+    )
+
+
+def round_seeds(config: RunConfig, index: int, client: int) -> tuple[int, int]:
+    """Client ``client``'s seed and its defenses' seed in input ``index``'s round (see
+    ``federated.round.Seeds``); the attacked client's are those of a one-client run."""
+    if client == 0:
+        return (
+            derived_seed(config.seed, index, CLIENT_STREAM),
+            derived_seed(config.seed, index, DEFENSE_STREAM),
+        )
+    stream = OTHER_CLIENTS_STREAM + 2 * (client - 1)
+    return derived_seed(config.seed, index, stream), derived_seed(config.seed, index, stream + 1)
 
 
 def evaluate(

@@ -12,14 +12,22 @@ from typing import Any
 
 import torch
 
-from gradleak.defenses.base import Defense, DefenseSettings, Stage, UpdateDefense
+from gradleak.defenses.base import (
+    AcrossClientsDefense,
+    Defense,
+    DefenseSettings,
+    Stage,
+    UpdateDefense,
+)
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
+from gradleak.defenses.secagg import SecAggSettings, SecureAggregation
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
 DEFENSES.register(GaussianNoise, NoiseSettings)
+DEFENSES.register(SecureAggregation, SecAggSettings)
 
 NO_DEFENSE = "none"
 SYNTAX = "NAME:KEY=VALUE,KEY=VALUE joined by + (e.g. noise:sigma=0.01+noise:sigma=0.1)"
@@ -60,15 +68,26 @@ def format_defenses(defenses: Sequence[DefenseSettings]) -> str:
 
 
 def build_defenses(settings: Sequence[DefenseSettings]) -> list[Defense]:
-    """The scenario's defenses, in order; a stage this client cannot run is a one-line error."""
+    """The scenario's defenses, in order; a stage this client cannot run, or more than one
+    combination of clients, is a one-line error."""
     defenses = [DEFENSES.build(s) for s in settings]
     for defense in defenses:
-        if defense.stage != "per_update":
+        if defense.stage not in ("per_update", "across_clients"):
             raise GradleakError(
                 f"defense {defense.name} acts {defense.stage.replace('_', ' ')}, which this "
                 "client does not run: use a per-update defense"
             )
+    combining = [d.name for d in defenses if isinstance(d, AcrossClientsDefense)]
+    if len(combining) > 1:
+        raise GradleakError(
+            f"defenses {' and '.join(combining)} both combine clients: keep one of them"
+        )
     return defenses
+
+
+def clients_of(defenses: Sequence[Defense]) -> int:
+    """How many clients' updates the server combines (1 without an across-clients defense)."""
+    return next((d.clients for d in defenses if isinstance(d, AcrossClientsDefense)), 1)
 
 
 def apply_update_defenses(
@@ -84,14 +103,18 @@ def apply_update_defenses(
 __all__ = [
     "DEFENSES",
     "NO_DEFENSE",
+    "AcrossClientsDefense",
     "Defense",
     "DefenseSettings",
     "GaussianNoise",
     "NoiseSettings",
+    "SecAggSettings",
+    "SecureAggregation",
     "Stage",
     "UpdateDefense",
     "apply_update_defenses",
     "build_defenses",
+    "clients_of",
     "format_defenses",
     "parse_defenses",
 ]

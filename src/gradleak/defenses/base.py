@@ -62,3 +62,22 @@ class UpdateDefense(Defense[SettingsT]):
     @abstractmethod
     def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
         """The defended update; random draws come from ``generator`` only."""
+
+
+class AcrossClientsDefense(Defense[SettingsT]):
+    """A defense that combines several clients' updates into what the server sees.
+
+    The run draws ``clients`` - 1 more clients beside the one under attack, each with other
+    private examples of the same dataset and the same protocol; per-update defenses listed
+    before this one act on each client's update, those listed after it on the combination."""
+
+    stage: ClassVar[Stage] = "across_clients"
+
+    @property
+    @abstractmethod
+    def clients(self) -> int:
+        """How many clients' updates are combined."""
+
+    @abstractmethod
+    def combine(self, updates: list[ClientUpdate]) -> ClientUpdate:
+        """What the server receives from ``updates`` (the attacked client's first)."""

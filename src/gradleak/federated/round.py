@@ -1,0 +1,63 @@
+"""One round as the server receives it: each client computes its update on its own private
+batch and applies its defenses; an across-clients defense (secure aggregation) then combines
+the updates, and defenses listed after it act on the combination. Without one, the round is
+the attacked client's own update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gradleak.defenses import AcrossClientsDefense, Defense, apply_update_defenses
+from gradleak.federated.client import ClientUpdate, GlobalModel, compute_update
+from gradleak.models.tasks import EncodedBatch
+
+# seeds(j) -> (the client's seed, its defenses' seed) for client j (0: the attacked one);
+# seeds(len(batches)) seeds the defenses that act on the combination.
+Seeds = Callable[[int], tuple[int, int]]
+
+
+def split_at_combination(
+    defenses: Sequence[Defense],
+) -> tuple[list[Defense], AcrossClientsDefense | None, list[Defense]]:
+    """The defenses each client applies, the combining one (if any), and those after it."""
+    for position, defense in enumerate(defenses):
+        if isinstance(defense, AcrossClientsDefense):
+            return list(defenses[:position]), defense, list(defenses[position + 1 :])
+    return list(defenses), None, []
+
+
+def server_round(
+    global_model: GlobalModel,
+    batches: Sequence[EncodedBatch],
+    defenses: Sequence[Defense],
+    seeds: Seeds,
+) -> ClientUpdate:
+    """What the server receives from the clients holding ``batches`` (the attacked client's
+    batch first; more than one only with an across-clients defense)."""
+    own, combining, after = split_at_combination(defenses)
+    updates = [
+        _client_update(global_model, batch, own, seeds(j)) for j, batch in enumerate(batches)
+    ]
+    if combining is None:
+        return updates[0]
+    combined = combining.combine(updates)
+    return _defended(combined, after, seeds(len(batches))[1])
+
+
+def _client_update(
+    global_model: GlobalModel,
+    batch: EncodedBatch,
+    defenses: Sequence[Defense],
+    seeds: tuple[int, int],
+) -> ClientUpdate:
+    client_seed, defense_seed = seeds
+    update = compute_update(global_model, batch, seed=client_seed)
+    return _defended(update, defenses, defense_seed)
+
+
+def _defended(update: ClientUpdate, defenses: Sequence[Defense], seed: int) -> ClientUpdate:
+    if not defenses:
+        return update
+    return apply_update_defenses(update, defenses, torch.Generator().manual_seed(seed))
