@@ -109,7 +109,9 @@ def test_the_attack_sees_only_the_combination_and_the_rounds_public_facts(monkey
 
 
 def test_bad_secure_aggregation_settings_are_one_line_errors():
-    with pytest.raises(GradleakError, match=r"= 18 examples but the dataset has 16: lower --n-inputs"):
+    with pytest.raises(
+        GradleakError, match=r"= 18 examples but the dataset has 16: lower --n-inputs"
+    ):
         recipe.prepare(config_from_options(TINY | {"n_inputs": 9, "defense": "secagg:clients=2"}))
     with pytest.raises(GradleakError, match="both combine clients"):
         build_defenses([SecAggSettings(clients=2), SecAggSettings(clients=3)])
