@@ -13,13 +13,18 @@ from rich.table import Table
 
 from gradleak import runner
 from gradleak.attacks import ATTACKS
-from gradleak.cli_options import attack_command_parameters
+from gradleak.cli_options import attack_command_parameters, utility_command_parameters
 from gradleak.config import RunConfig
 from gradleak.data import DATASETS, dataset_status
 from gradleak.defenses import DEFENSES
 from gradleak.errors import GradleakError
 from gradleak.models.registry import MODELS, model_status
-from gradleak.options import attack_defaults, attack_options, config_from_options
+from gradleak.options import (
+    attack_defaults,
+    attack_options,
+    config_from_options,
+    utility_from_options,
+)
 from gradleak.record import Record
 
 app = typer.Typer(
@@ -131,6 +136,42 @@ def _set_threads(threads: int) -> None:
     if threads < 1:
         raise GradleakError("--threads must be at least 1")
     torch.set_num_threads(threads)
+
+
+def utility(**options: Any) -> None:
+    """What the scenario's protocol and defenses cost the model: federated fine-tuning with
+    the same clients, then dev-split accuracy, F1 and MCC (classification) or perplexity."""
+    from gradleak.utility import measure_utility, utility_record
+
+    threads, out = options.pop("threads"), options.pop("out")
+    try:
+        if threads is not None:
+            _set_threads(threads)
+        config, settings = utility_from_options(options)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err_console, transient=True) as bar:  # fmt: skip
+            task = bar.add_task("fine-tuning rounds", total=settings.rounds)
+            result = measure_utility(
+                config, settings, lambda done, total: bar.update(task, completed=done)
+            )
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    table = Table(title=f"utility of {config.scenario.model} on {config.scenario.data.dataset}")
+    table.add_column("round", justify="right")
+    for name in result.metrics[0]:
+        table.add_column(name, justify="right")
+    for r, values in enumerate(result.metrics):
+        table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
+    console.print(table)
+    console.print(f"time: {result.seconds:.1f} s")
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(utility_record(config, settings, result), handle, indent=2)
+        console.print(f"record written to {out}")
+
+
+utility_command_parameters(utility)
+app.command()(utility)
 
 
 @app.command()

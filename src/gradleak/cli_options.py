@@ -11,7 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from gradleak.attacks import ATTACKS
-from gradleak.options import Option, all_options, attack_defaults
+from gradleak.options import (
+    Option,
+    all_options,
+    attack_defaults,
+    scenario_options,
+    utility_options,
+)
 
 RUN_PANEL = "Run"
 
@@ -46,10 +52,25 @@ def _declaration(option: Option) -> str:
 def attack_command_parameters(command: Callable[..., Any]) -> None:
     """Give ``command`` (taking ``**options``) one keyword parameter per option, so that typer
     builds the command line from the config models."""
+    set_parameters(command, list(all_options().values()), RUN_OPTIONS)
+
+
+def utility_command_parameters(command: Callable[..., Any]) -> None:
+    """The same for ``gradleak utility``: the scenario's options and the fine-tuning's."""
+    run_options = (*RUN_OPTIONS[:1], ("out", str, "write the JSON record here"))
+    set_parameters(command, [*scenario_options(), *utility_options()], run_options)
+
+
+def set_parameters(
+    command: Callable[..., Any],
+    options: list[Option],
+    run_options: tuple[tuple[str, type, str], ...],
+) -> None:
+    """One typer option per ``Option``, then the run's own options, grouped in --help."""
     per_attack = {name: attack_defaults(name) for name in ATTACKS.names()}
     parameters = []
     # the run's own options last, after the scenario's and the attack's
-    options = sorted(all_options().values(), key=lambda o: o.panel == RUN_PANEL)
+    options = sorted(options, key=lambda o: o.panel == RUN_PANEL)
     for option in options:
         info = typer.Option(
             _declaration(option),
@@ -59,7 +80,7 @@ def attack_command_parameters(command: Callable[..., Any]) -> None:
         )
         annotation = Annotated[option.kind | None, info]
         parameters.append(_parameter(option.key, annotation))
-    for name, kind, text in RUN_OPTIONS:
+    for name, kind, text in run_options:
         flag = "--" + name.replace("_", "-")
         info = typer.Option(flag, help=text, rich_help_panel=RUN_PANEL, show_default=False)
         parameters.append(_parameter(name, Annotated[kind | None, info]))

@@ -25,9 +25,11 @@ from gradleak.attacks import ATTACKS
 from gradleak.config import RunConfig, Scenario
 from gradleak.defenses import format_defenses
 from gradleak.errors import GradleakError
+from gradleak.utility import UtilitySettings
 
 SCENARIO_PANEL = "Scenario"
 RUN_PANEL = "Run"
+UTILITY_PANEL = "Fine-tuning"
 DEFAULT_ATTACK = "tag"
 
 
@@ -118,6 +120,15 @@ def scenario_options() -> tuple[Option, ...]:
     seed = RunConfig.model_fields["seed"]
     options.append(_option(("seed",), seed, seed.default, RUN_PANEL))
     return tuple(options)
+
+
+@cache
+def utility_options() -> tuple[Option, ...]:
+    """The options of ``gradleak utility``'s fine-tuning (``utility.UtilitySettings``)."""
+    return tuple(
+        _option(path, info, default, UTILITY_PANEL)
+        for path, info, default in _walk(UtilitySettings, ("utility",), UtilitySettings())
+    )
 
 
 def attack_panel(attacks: tuple[str, ...]) -> str:
@@ -265,3 +276,23 @@ def _option_error(
     by_path = {o.path: o.flag for o in table.values()}
     where = next((by_path[path[:n]] for n in range(len(path), 0, -1) if path[:n] in by_path), None)
     return f"invalid {where or '.'.join(path)}: {first['msg']}"
+
+
+def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilitySettings]:
+    """``gradleak utility``'s flat options as the scenario's config and the fine-tuning's
+    settings (the same one-line errors as ``config_from_options``)."""
+    fine_tuning = {o.key: o for o in utility_options()}
+    allowed = fine_tuning | {o.key: o for o in scenario_options()}
+    given = {k.lstrip("-").replace("-", "_"): v for k, v in values.items() if v is not None}
+    for key in given:
+        if key not in allowed:
+            raise GradleakError(
+                _unknown(key, allowed).replace("gradleak attack", "gradleak utility")
+            )
+    settings = {fine_tuning[k].path[-1]: v for k, v in given.items() if k in fine_tuning}
+    try:
+        utility = UtilitySettings(**settings)
+    except ValidationError as exc:
+        raise GradleakError(_option_error(exc, fine_tuning, ("utility",))) from None
+    config = config_from_options({k: v for k, v in given.items() if k not in fine_tuning})
+    return config, utility

@@ -37,21 +37,21 @@ def server_round(
     """What the server receives from the clients holding ``batches`` (the attacked client's
     batch first; more than one only with an across-clients defense)."""
     own, combining, after = split_at_combination(defenses)
-    updates = [
-        _client_update(global_model, batch, own, seeds(j)) for j, batch in enumerate(batches)
-    ]
+    updates = [client_update(global_model, batch, own, seeds(j)) for j, batch in enumerate(batches)]
     if combining is None:
         return updates[0]
     combined = combining.combine(updates)
     return _defended(combined, after, seeds(len(batches))[1])
 
 
-def _client_update(
+def client_update(
     global_model: GlobalModel,
     batch: EncodedBatch,
     defenses: Sequence[Defense],
     seeds: tuple[int, int],
 ) -> ClientUpdate:
+    """One client's update on ``batch`` with its own ``defenses`` applied, from (its seed,
+    its defenses' seed)."""
     client_seed, defense_seed = seeds
     update = compute_update(global_model, batch, seed=client_seed)
     return _defended(update, defenses, defense_seed)

@@ -187,12 +187,7 @@ def task_loss(
     if token_type_ids is not None and adapter.uses_token_types:
         inputs["token_type_ids"] = token_type_ids
     if task == "classification":
-        if adapter.is_decoder:
-            hidden = adapter.backbone(hf)(**inputs).last_hidden_state
-            last = batch_mask.sum(dim=1) - 1
-            logits = hf.score(hidden[torch.arange(hidden.shape[0]), last])
-        else:
-            logits = hf(**inputs).logits
+        logits = classification_logits(hf, adapter, inputs, batch_mask)
         return F.cross_entropy(logits, labels["label"])
     if task == "causal_lm":
         targets = input_ids if lm_targets is None else lm_targets
@@ -205,3 +200,15 @@ def task_loss(
     start = F.cross_entropy(out.start_logits, labels["start"])
     end = F.cross_entropy(out.end_logits, labels["end"])
     return (start + end) / 2
+
+
+def classification_logits(
+    hf: nn.Module, adapter: ModelAdapter, inputs: dict, batch_mask: torch.Tensor
+) -> torch.Tensor:
+    """Class logits ``[B, classes]``: a decoder's head reads the last real token (Hugging Face
+    would pool the last *position* when given embeddings instead of ids)."""
+    if adapter.is_decoder:
+        hidden = adapter.backbone(hf)(**inputs).last_hidden_state
+        last = batch_mask.sum(dim=1) - 1
+        return hf.score(hidden[torch.arange(hidden.shape[0]), last])
+    return hf(**inputs).logits

@@ -1,0 +1,209 @@
+"""What a scenario's protocol and defenses cost the model: federated fine-tuning with the same
+client code as the attack scenarios, then dev-split metrics.
+
+Each of R rounds samples K clients' private batches (n_k examples each, in LAMP's order of the
+training split, no example used twice), runs every client's round with the scenario's
+protocol and its own defenses (``federated.round.client_update``), and the server applies the
+mean of the updates to the shared tensors: a FedAvg delta is added (server learning rate 1),
+a FedSGD gradient is stepped against with the protocol's learning rate. Classification reports
+accuracy, F1 of class 1 and Matthews' correlation; causal LM the perplexity of the dev texts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradleak import __version__
+from gradleak.config import RunConfig
+from gradleak.data import Example, load_examples, natural_task, sample_batches
+from gradleak.defenses import build_defenses
+from gradleak.environment import machine, versions
+from gradleak.errors import GradleakError
+from gradleak.federated.client import ClientUpdate, GlobalModel
+from gradleak.federated.round import client_update, split_at_combination
+from gradleak.models.registry import load_victim
+from gradleak.models.tasks import classification_logits, encode_examples, task_loss, unwrap
+from gradleak.recipe import derived_seed
+
+UTILITY_STREAM = 1000  # seed streams of the fine-tuning's clients, apart from the attacks'
+
+
+class UtilitySettings(BaseModel):
+    """The fine-tuning that measures utility (CPU-sized defaults: minutes on MiniLM)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int = Field(3, ge=1, description="federated rounds R")
+    clients: int = Field(4, ge=1, description="clients per round K")
+    samples: int = Field(8, ge=1, description="private examples per client n_k")
+    eval_dataset: str | None = Field(
+        None, description="dev data: a dataset or file:PATH (default: the scenario's dataset)"
+    )
+    eval_split: str = Field(
+        "validation", description="the scenario dataset's split scored as dev data"
+    )
+    eval_examples: int = Field(256, ge=1, description="dev examples scored")
+
+
+@dataclass
+class UtilityResult:
+    """Dev metrics before fine-tuning and after each round (``rounds + 1`` entries)."""
+
+    task: str
+    metrics: list[dict[str, float]]
+    seconds: float
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.metrics[-1]
+
+
+Progress = Callable[[int, int], None]
+
+
+def measure_utility(
+    config: RunConfig, settings: UtilitySettings, progress: Progress | None = None
+) -> UtilityResult:
+    """Fine-tune the scenario's model for ``settings.rounds`` rounds and score it on dev data."""
+    started = time.perf_counter()
+    scenario, data = config.scenario, config.scenario.data
+    train = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
+    task = scenario.task or natural_task(data.dataset, train)
+    if task == "qa":
+        raise GradleakError("utility covers classification and causal_lm; --task qa has none")
+    own, combining, _ = split_at_combination(build_defenses(scenario.defenses))
+    if combining is not None:
+        raise GradleakError(
+            f"utility runs {settings.clients} clients per round itself: drop {combining.name} "
+            "from --defense and set --clients"
+        )
+    dev = _dev_examples(config, settings)
+    clients = settings.rounds * settings.clients
+    if clients * settings.samples > len(train):
+        raise GradleakError(
+            f"rounds * clients * samples = {settings.rounds} * {settings.clients} * "
+            f"{settings.samples} examples, but the training data has {len(train)}: lower one"
+        )
+    batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
+    victim = load_victim(scenario.model, task, seed=config.seed)
+    gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
+    metrics = [evaluate_model(gm, task, dev, data.max_tokens)]
+    for r in range(settings.rounds):
+        updates = []
+        for k in range(settings.clients):
+            j = r * settings.clients + k
+            batch = _encode(gm, task, batches[j], data.max_tokens)
+            seeds = (
+                derived_seed(config.seed, j, UTILITY_STREAM),
+                derived_seed(config.seed, j, UTILITY_STREAM + 1),
+            )
+            updates.append(client_update(gm, batch, own, seeds))
+        apply_mean_update(gm, updates)
+        metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
+        if progress:
+            progress(r + 1, settings.rounds)
+    return UtilityResult(task=task, metrics=metrics, seconds=time.perf_counter() - started)
+
+
+def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]:
+    data = config.scenario.data
+    name = settings.eval_dataset or data.dataset
+    split = None if settings.eval_dataset else settings.eval_split
+    if not settings.eval_dataset and data.split == settings.eval_split:
+        raise GradleakError(
+            f"the dev split '{settings.eval_split}' is the training split: choose another "
+            "--eval-split or --eval-dataset"
+        )
+    dev = load_examples(name, data.data_dir, split, data.encoding)
+    return dev[: settings.eval_examples]
+
+
+def _encode(gm: GlobalModel, task: str, examples: list[Example], max_tokens: int | None):
+    victim = gm.victim
+    limit = victim.adapter.max_positions(victim.model)
+    return encode_examples(victim.tokenizer, examples, task, limit, max_tokens)
+
+
+def apply_mean_update(gm: GlobalModel, updates: list[ClientUpdate]) -> None:
+    """The server's step: the mean of the clients' updates applied to the shared tensors."""
+    params = dict(gm.model.named_parameters())
+    with torch.no_grad():
+        for spec in gm.specs:
+            mean = torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
+            target = spec.take(params[spec.param])  # a view: GPT-2's fused q/k/v slices too
+            if updates[0].kind == "weight_delta":
+                target.add_(mean)
+            else:
+                target.add_(mean, alpha=-gm.protocol.lr)
+
+
+def evaluate_model(
+    gm: GlobalModel, task: str, dev: list[Example], max_tokens: int | None, batch_size: int = 32
+) -> dict[str, float]:
+    """Dev metrics of the global model in eval mode (percentages; perplexity as is)."""
+    model, adapter = gm.model, gm.adapter
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if task == "classification":
+                predicted, truth = [], []
+                for start in range(0, len(dev), batch_size):
+                    batch = _encode(gm, task, dev[start : start + batch_size], max_tokens)
+                    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+                    if batch.token_type_ids is not None and adapter.uses_token_types:
+                        inputs["token_type_ids"] = batch.token_type_ids
+                    logits = classification_logits(
+                        unwrap(model), adapter, inputs, batch.attention_mask
+                    )
+                    predicted += logits.argmax(dim=-1).tolist()
+                    truth += batch.labels["label"].tolist()
+                return classification_metrics(predicted, truth)
+            total, tokens = 0.0, 0
+            for start in range(0, len(dev), batch_size):
+                batch = _encode(gm, task, dev[start : start + batch_size], max_tokens)
+                count = int((batch.attention_mask[:, 1:]).sum())
+                loss = task_loss(
+                    model, adapter, task, batch.attention_mask, batch.labels,
+                    input_ids=batch.input_ids,
+                )  # fmt: skip
+                total, tokens = total + float(loss) * count, tokens + count
+            return {"perplexity": math.exp(total / max(1, tokens))}
+    finally:
+        model.train(was_training)
+
+
+def classification_metrics(predicted: list[int], truth: list[int]) -> dict[str, float]:
+    """Accuracy, F1 of class 1 and Matthews' correlation coefficient, in percent."""
+    tp = sum(p == 1 and t == 1 for p, t in zip(predicted, truth, strict=True))
+    tn = sum(p == 0 and t == 0 for p, t in zip(predicted, truth, strict=True))
+    fp = sum(p == 1 and t == 0 for p, t in zip(predicted, truth, strict=True))
+    fn = sum(p == 0 and t == 1 for p, t in zip(predicted, truth, strict=True))
+    accuracy = (tp + tn) / max(1, len(truth))
+    f1 = 2 * tp / max(1, 2 * tp + fp + fn)
+    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    mcc = (tp * tn - fp * fn) / denominator if denominator else 0.0
+    return {"accuracy": 100 * accuracy, "f1": 100 * f1, "mcc": 100 * mcc}
+
+
+def utility_record(
+    config: RunConfig, settings: UtilitySettings, result: UtilityResult
+) -> dict[str, Any]:
+    """A utility run as JSON: its config, the fine-tuning settings, metrics per round."""
+    return {
+        "gradleak_version": __version__,
+        "config": config.model_dump(mode="json"),
+        "utility": settings.model_dump(mode="json"),
+        "task": result.task,
+        "metrics": result.metrics,
+        "seconds": result.seconds,
+        "versions": versions(),
+        "machine": machine(),
+    }
