@@ -24,6 +24,10 @@ Suites:
                  local batch b = 2, 4, 8 (E=1, lr 1e-4).
   dager_lora     DAGER on SmolLM2 LoRA updates (r = 8, 32, 256), CoLA, B = 1, 4, 16.
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
+  defense_noise  LAMP Table 5: DLG, TAG, LAMP_cos, LAMP_L2+L1 and DAGER on MiniLM, CoLA B=1,
+                 Gaussian noise sigma = 0.001, 0.002, 0.005, 0.01 on the gradient.
+  defense_secagg secure aggregation of K = 1, 2, 4, 8 clients: LAMP_cos (MiniLM) and DAGER
+                 (SmolLM2) on CoLA, one sentence per client.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.
 --limit N fills a table N inputs per cell at a time: the cells stay part-way, --report shows
@@ -43,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites_dager  # noqa: E402
+import suites_defenses  # noqa: E402
 import suites_lamp  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
@@ -50,7 +55,11 @@ from cells import run_suite  # noqa: E402
 
 from gradleak.options import attack_options  # noqa: E402
 
-CELL_SUITES = {**suites_lamp.SUITES, **suites_dager.SUITES}  # tables of ordinary runs
+CELL_SUITES = {
+    **suites_lamp.SUITES,
+    **suites_dager.SUITES,
+    **suites_defenses.SUITES,
+}  # tables of ordinary runs
 TIMED_SUITES = {**timing.SUITES, **update_time.SUITES}  # measured in-process, no run records
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
 
