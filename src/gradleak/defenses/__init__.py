@@ -14,12 +14,16 @@ import torch
 
 from gradleak.defenses.base import Defense, DefenseSettings, Stage, UpdateDefense
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
+from gradleak.defenses.prune import PruneSettings, TopKPruning
+from gradleak.defenses.sign import SignCompression, SignSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
 DEFENSES.register(GaussianNoise, NoiseSettings)
+DEFENSES.register(TopKPruning, PruneSettings)
+DEFENSES.register(SignCompression, SignSettings)
 
 NO_DEFENSE = "none"
 SYNTAX = "NAME:KEY=VALUE,KEY=VALUE joined by + (e.g. noise:sigma=0.01+noise:sigma=0.1)"
