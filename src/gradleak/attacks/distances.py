@@ -44,8 +44,10 @@ def _l2(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
 
 l2_distance = Distance(_l2)
 
+TAG_L1_WEIGHT = 0.01  # the LAMP reference's weight of TAG's L1 term
 
-def tag_distance(l1_weight: float = 0.01) -> Distance:
+
+def tag_distance(l1_weight: float = TAG_L1_WEIGHT) -> Distance:
     """TAG: squared L2 plus ``l1_weight`` times L1 (the LAMP reference's weighting)."""
 
     def distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:

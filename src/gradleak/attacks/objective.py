@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from gradleak.attacks.adaptive import signs_hide_null_tensors
 from gradleak.attacks.distances import DISTANCES, Distance, cos_distance, l2_distance, make_distance
 from gradleak.attacks.dummy_loss import PREFIX, TaskLoss, eval_mode
 from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
@@ -58,8 +59,8 @@ class GradientMatcher:
     TRAIN_EVAL scenario when the client trained in train mode; ``train`` is their TRAIN.
     ``skip_null_targets`` leaves out tensors whose received gradient is zero up to rounding
     (see :func:`~gradleak.attacks.targets.null_keys`); LAMP_cos and normalized distances use
-    it. An Adam delta hides such tensors, so there a probe gradient decides
-    (:meth:`_probe_gradients`).
+    it. An Adam delta or a public sign compression hides such tensors, so there a probe
+    gradient decides (:meth:`_probe_gradients`).
 
     ``fedavg_match`` says how a FedAvg weight delta is matched: ``pseudo`` compares the dummy
     gradient with ``-delta / (steps * lr)``; ``simulate`` replays the client's local training on
@@ -138,7 +139,8 @@ class GradientMatcher:
         if not skip_null_targets:
             return keys
         candidates = [specs_by_key[k] for k in keys]
-        if hides_null_tensors(update) and self.knowledge.template_ids is not None:
+        hidden = hides_null_tensors(update) or signs_hide_null_tensors(self.knowledge.defenses)
+        if hidden and self.knowledge.template_ids is not None:
             reference = self._probe_gradients(candidates)
         else:
             reference = as_gradient(update, [received_tensor(update, s) for s in candidates])

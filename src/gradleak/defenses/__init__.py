@@ -20,13 +20,17 @@ from gradleak.defenses.base import (
     UpdateDefense,
 )
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
+from gradleak.defenses.prune import PruneSettings, TopKPruning
 from gradleak.defenses.secagg import SecAggSettings, SecureAggregation
+from gradleak.defenses.sign import SignCompression, SignSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
 DEFENSES.register(GaussianNoise, NoiseSettings)
+DEFENSES.register(TopKPruning, PruneSettings)
+DEFENSES.register(SignCompression, SignSettings)
 DEFENSES.register(SecureAggregation, SecAggSettings)
 
 NO_DEFENSE = "none"
@@ -108,8 +112,12 @@ __all__ = [
     "DefenseSettings",
     "GaussianNoise",
     "NoiseSettings",
+    "PruneSettings",
     "SecAggSettings",
     "SecureAggregation",
+    "SignCompression",
+    "SignSettings",
+    "TopKPruning",
     "Stage",
     "UpdateDefense",
     "apply_update_defenses",

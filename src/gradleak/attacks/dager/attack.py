@@ -13,6 +13,9 @@
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
 local steps' gradients, and the scale does not matter for a span. LoRA updates are checked in
 the adapter's space (``A x`` for the B matrix's gradient, ``x`` for A's).
+
+Under a public top-k pruning the spans come from the gradient rows the pruning kept whole;
+a public sign compression is refused (``check.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from gradleak.attacks.base import Attack, Reconstruction, Refusal
 from gradleak.attacks.dager.check import (
     DagerPlan,
     LayerCheck,
+    defense_refusal,
     full_rank_refusal,
     layer_check,
+    pruning_refusal,
     require_scenario,
 )
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended
@@ -51,12 +56,18 @@ class DagerAttack(Attack[DagerSettings]):
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> DagerPlan | Refusal:
         """Layer 1's and layer 2's span checks, or a refusal when one of them has full rank
-        (the batch holds too many distinct tokens for an exact check)."""
+        (the batch holds too many distinct tokens for an exact check), when a public sign
+        compression left no low-rank structure, or when public pruning kept too few rows
+        whole to span the inputs (``check.py``)."""
         require_scenario(knowledge.global_model)
+        refusal = defense_refusal(knowledge.defenses)
+        if refusal is not None:
+            return refusal
         layers: list[LayerCheck] = []
         for layer in (0, 1):
             checked = layer_check(update, knowledge, layer, self.settings)
             refusal = full_rank_refusal(checked, layer, knowledge.defenses)
+            refusal = refusal or pruning_refusal(checked, layer)
             if refusal is not None:
                 return refusal
             layers.append(checked)
@@ -74,6 +85,10 @@ class DagerAttack(Attack[DagerSettings]):
         gm = knowledge.global_model
         hf = unwrap(gm.copy_model().eval())
         state = SearchState(notes=[f"ranks {plan.layer1.rank}/{plan.layer2.rank}"])
+        layers = (plan.layer1, plan.layer2)
+        if any(c.whole_rows is not None for layer in layers for c in layer.checks):
+            rows = [sum(c.whole_rows or 0 for c in layer.checks) for layer in layers]
+            state.notes.append(f"spans of the rows pruning kept whole: {rows[0]}/{rows[1]}")
         with torch.no_grad():
             candidates = token_candidates(hf, knowledge, plan.layer1, self.settings, state)
             if gm.adapter.is_decoder:

@@ -3,19 +3,34 @@
 A layer's check is the span of its chosen q/k/v weight gradients (``span.py`` holds the
 algebra). Plain projections are stacked into one span; a LoRA B-gradient gets its own, in its
 adapter's space (``A x``), and an A-gradient that moved is checked in the input space (``x``).
+
+Public compression defenses (``ServerKnowledge.defenses``):
+
+* sign compression: the signs of a rank-r gradient are not of rank r (``sign`` is not linear),
+  so no span is left to check: refused.
+* top-k pruning: every gradient row is a combination of the layer's inputs, and a row that no
+  coordinate of was pruned still is one; a partly zeroed row is not. The span is built from
+  the rows kept whole, and trusted only when they are linearly dependent at float precision
+  (more rows than their rank, the next singular value at rounding level): generic rows of an
+  r-dimensional span stop adding directions only once they span it all. Too few whole rows
+  (strong pruning, long rows) leave a smaller span that would miss inputs: refused. So is a
+  multi-step FedAvg delta whose extra directions (inputs that moved between local steps) lie
+  above its rounding noise: approximate without pruning, unverifiable with it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.pytorch_utils import Conv1D
 
+from gradleak.attacks.adaptive import KEPT_COORDINATES, SIGN, adaptation_for
 from gradleak.attacks.base import Plan, Refusal
 from gradleak.attacks.dager.settings import DagerSettings
-from gradleak.attacks.dager.span import SpanBasis, rounding_noise, span_basis
+from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.server import ServerKnowledge
@@ -25,6 +40,14 @@ from gradleak.models.tasks import unwrap
 # screened in float32: far above float32's noise near the span (~1e-6), and above every cut
 # that separates true inputs (the adaptive gap, or the 1e-2 fallback at most).
 SCREEN = 2e-2
+# Rows kept whole by pruning span the inputs when the singular value after their rank is
+# rounding, not a weak direction: below this share of the largest for a gradient (float32
+# noise is ~1e-7); for a weight delta, within what its whitened rounding noise reaches.
+SATURATED = 1e-4
+SIGN_REFUSAL = (
+    "dager cannot run on this update: sign compression destroys the low-rank structure "
+    "DAGER's span check needs (the signs of a low-rank gradient have full rank)"
+)
 
 
 @dataclass
@@ -42,6 +65,10 @@ class SpanCheck:
 
     span: SpanBasis
     transform: torch.Tensor | None = None  # [r, d] for LoRA's B-gradient space
+    whole_rows: int | None = None  # under public pruning: the rows it kept whole (distinct)
+    # Whether the span is the whole input span: always for an unpruned update; for the rows
+    # pruning kept whole, when they are dependent at rounding level (see the module doc).
+    saturated: bool = True
 
     def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
         """Span distance of each input row, in float64.
@@ -134,17 +161,37 @@ def layer_check(
     """The span checks of layer ``layer`` (0-based); an update without its q, k or v gradient
     is an error of the setup."""
     blocks, adapter_blocks = _projection_gradients(update, knowledge, layer, settings.projections)
+    pruned = adaptation_for(knowledge.defenses) == KEPT_COORDINATES
     checks = []
     if blocks:
-        checks.append(SpanCheck(_span(update, blocks, settings.rank_tol)))
+        checks.append(_check(update, blocks, settings.rank_tol, pruned))
     for block, a_matrix in adapter_blocks:
-        checks.append(SpanCheck(_span(update, [block], settings.rank_tol), a_matrix))
+        checks.append(_check(update, [block], settings.rank_tol, pruned, a_matrix))
     if not checks:
         raise GradleakError(
             f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
             f"gradient, which this update does not contain: share {layer}.qkv"
         )
     return LayerCheck(checks)
+
+
+def defense_refusal(defenses: tuple[Any, ...]) -> Refusal | None:
+    """A refusal when a public defense leaves no span to check (sign compression)."""
+    return Refusal(SIGN_REFUSAL) if adaptation_for(defenses) == SIGN else None
+
+
+def pruning_refusal(check: LayerCheck, layer: int) -> Refusal | None:
+    """A refusal when the rows pruning kept whole do not span the layer's inputs."""
+    if all(c.saturated for c in check.checks):
+        return None
+    rows = sum(c.whole_rows or 0 for c in check.checks if not c.saturated)
+    rank = max(c.span.rank for c in check.checks if not c.saturated)
+    return Refusal(
+        f"dager cannot be exact here: the {rows} rows of layer {layer + 1}'s q/k/v update that "
+        f"pruning kept whole do not show that their span (rank {rank}) holds every input (that "
+        "needs more whole rows than the rank, dependent up to rounding; partly pruned rows "
+        "leave the span): use a larger keep or a smaller --batch-size"
+    )
 
 
 def full_rank_refusal(
@@ -217,6 +264,58 @@ def _tensors_for(update: ClientUpdate, specs: list, role: str) -> list[torch.Ten
     return [
         update.tensors[s.key] for s in specs if s.key in update.tensors and s.role in (None, role)
     ]
+
+
+def _check(
+    update: ClientUpdate,
+    blocks: list[Block],
+    rank_tol: float | None,
+    pruned: bool,
+    transform: torch.Tensor | None = None,
+) -> SpanCheck:
+    """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole."""
+    if not pruned:
+        return SpanCheck(_span(update, blocks, rank_tol), transform)
+    width = blocks[0].tensor.shape[-1]
+    whole = _whole_rows(blocks)
+    rows = sum(b.tensor.shape[0] for b in whole)
+    if rows == 0:  # nothing kept whole: an empty span (``pruning_refusal`` refuses it)
+        empty = torch.zeros(width, 0, dtype=torch.float64)
+        return SpanCheck(SpanBasis(empty, empty.new_zeros(0), width), transform, 0, False)
+    span = _span(update, whole, rank_tol)
+    return SpanCheck(span, transform, rows, _saturated(span, rows, update.kind == "weight_delta"))
+
+
+def _saturated(span: SpanBasis, rows: int, whitened: bool) -> bool:
+    """Whether ``rows`` distinct gradient rows of span ``span`` are linearly dependent at
+    rounding level: more rows than the rank, and the next singular value is rounding (a
+    weight delta's spectrum is in units of its rounding noise, see ``_span``)."""
+    if span.full:  # every direction: a limit ``full_rank_refusal`` names
+        return True
+    rank, s = span.rank, span.singular_values
+    if rank == 0 or rank >= rows:
+        return False
+    if whitened:  # what white noise of this shape reaches (``span_basis``'s floor)
+        edge = NOISE_MARGIN * (math.sqrt(rows) + math.sqrt(span.hidden_size))
+        return bool(s[rank] <= edge)
+    return bool(s[rank] <= SATURATED * s[0])
+
+
+def _whole_rows(blocks: list[Block]) -> list[Block]:
+    """Each block's distinct rows with no zero coordinate (``[rows, input_dim]``), blocks
+    without any left out; a block equal to an earlier one (a fused q/k/v weight found once
+    per role) is taken once, so no row is counted twice."""
+    seen: list[torch.Tensor] = []
+    kept: list[Block] = []
+    for block in blocks:
+        if any(torch.equal(block.tensor, other) for other in seen):
+            continue
+        seen.append(block.tensor)
+        flat = block.tensor.reshape(-1, block.tensor.shape[-1])
+        rows = torch.unique(flat[(flat != 0).all(dim=-1)], dim=0)
+        if rows.shape[0] > 0:
+            kept.append(Block(rows, block.weight))
+    return kept
 
 
 def _span(update: ClientUpdate, blocks: list[Block], rank_tol: float | None) -> SpanBasis:

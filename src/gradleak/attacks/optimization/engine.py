@@ -32,9 +32,10 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from gradleak.attacks import initialization as init
+from gradleak.attacks.adaptive import adaptation_for, adapted_distance
 from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction
 from gradleak.attacks.discrete import candidate_permutations, transform_of
-from gradleak.attacks.objective import GradientMatcher, make_distance, matchable_specs
+from gradleak.attacks.objective import GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
 from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
@@ -125,10 +126,12 @@ class OptimizationAttack(Attack[OptimizationSettings]):
     def workspace(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Workspace:
         """The attacker's model copy, matcher and vocabulary for one update."""
         s = self.settings
+        # A public sign or prune defense changes the loss (see adaptive.py).
+        distance, _ = adapted_distance(s.distance, s.normalize, knowledge.defenses)
         matcher = GradientMatcher(
             update,
             knowledge,
-            make_distance(s.distance, s.normalize),
+            distance,
             mode=s.attacker_mode,
             keys=self._match_keys(update, knowledge),
             # a scale-free distance turns a rounding-noise target into a full-weight term
@@ -175,6 +178,9 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             row[:length].tolist() for row, length in zip(ids, knowledge.lengths, strict=True)
         ]
         info = {"best_loss": outcome.best_loss, "steps": s.steps, **outcome.info}
+        adaptation = adaptation_for(knowledge.defenses)
+        if adaptation is not None:
+            info["adaptive_loss"] = adaptation
         if matcher.null_keys:
             info["unmatched_null_tensors"] = matcher.null_keys
         if matcher.simulator is not None:
