@@ -409,13 +409,13 @@ def test_dager_refuses_when_pruning_keeps_too_few_whole_rows(tiny_victim):
     assert "use a larger keep" in plan.reason and "\n" not in plan.reason
 
 
-def test_dager_on_pruning_then_noise_names_the_defenses_that_fill_the_span(tiny_victim):
+def test_dager_refuses_pruning_whose_zeros_noise_covers_up(tiny_victim):
     _, update, knowledge = _dager_round(
         tiny_victim, "tiny-bert", "prune:keep=0.95+noise:sigma=1e-3"
     )
     plan = DagerAttack().check(update, knowledge)
     assert isinstance(plan, Refusal)
-    assert "the client's defense (prune+noise) fills every direction" in plan.reason
+    assert "noise after pruning hides which coordinates pruning zeroed" in plan.reason
 
 
 def test_dager_cli_reports_the_sign_refusal():

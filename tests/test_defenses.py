@@ -171,14 +171,42 @@ def test_the_attack_receives_the_defended_update_and_knows_only_public_defenses(
     assert "defenses" not in clean_record.scenario.text
 
 
-def test_dager_says_when_a_public_noise_defense_fills_the_span():
+def test_dager_sizes_a_public_noise_defense_and_recovers_above_it(monkeypatch, tmp_path):
+    """Knowing sigma, DAGER counts the span's directions above the noise floor; without that
+    knowledge (or with private noise) the noise fills every direction and DAGER refuses."""
+    import json
+
     from typer.testing import CliRunner
 
+    import gradleak.attacks.dager.check as dager_check
     from gradleak.cli import app
 
-    args = ["attack", "--model", "tiny-gpt2", "--attack", "dager", "--mode", "eval"]
-    clean = CliRunner().invoke(app, args)
-    assert clean.exit_code == 0, clean.output  # the undefended update is inverted
-    noisy = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=0.001"])
-    assert noisy.exit_code == 2
-    assert "the client's defense (noise) fills every direction" in noisy.output
+    out = tmp_path / "noise.json"
+    args = ["attack", "--model", "tiny-llama", "--attack", "dager", "--mode", "eval"]
+    args += ["--batch-size", "2", "--out", str(out)]
+    known = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4"])
+    assert known.exit_code == 0, known.output
+    assert True in json.loads(out.read_text())["samples"][0]["exact"]
+    out.unlink()
+    hidden = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4,public=false"])
+    assert hidden.exit_code == 2
+    assert "full rank" in hidden.output and "the client's defense" not in hidden.output
+    monkeypatch.setattr(dager_check, "noise_std", lambda defenses, received, base=0.0: base)
+    unsized = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4"])
+    assert unsized.exit_code == 2
+    assert "the client's defense (noise) fills every direction" in unsized.output
+
+
+def test_noise_std_follows_the_defenses_in_order():
+    from gradleak.defenses import SecAggSettings, noise_std
+
+    received = torch.full((100,), 2.0)
+    noise = NoiseSettings(sigma=0.1)
+    assert noise_std([], received, base=0.3) == pytest.approx(0.3)
+    assert noise_std([noise], received) == pytest.approx(0.1)
+    summed = noise_std([noise, SecAggSettings(clients=4)], received)
+    assert summed == pytest.approx(0.2)  # four clients' independent noise: sqrt(4) * 0.1
+    averaged = noise_std([noise, SecAggSettings(clients=4, reduce="mean")], received)
+    assert averaged == pytest.approx(0.05)
+    relative = noise_std([NoiseSettings(sigma=0.5, relative=True)], received)
+    assert relative == pytest.approx(0.5 * 2.0 / math.sqrt(1.25))  # RMS before the noise

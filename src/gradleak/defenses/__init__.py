@@ -7,6 +7,7 @@ below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,6 +95,18 @@ def clients_of(defenses: Sequence[Defense]) -> int:
     return next((d.clients for d in defenses if isinstance(d, AcrossClientsDefense)), 1)
 
 
+def noise_std(
+    defenses: Sequence[DefenseSettings], received: torch.Tensor, base: float = 0.0
+) -> float:
+    """The standard deviation of the random noise per entry of ``received`` that the
+    ``defenses`` (settings, in order, as the server's knowledge holds them) put there, on top
+    of ``base`` (e.g. a weight delta's own rounding noise)."""
+    variance = base**2
+    for settings in defenses:
+        variance = DEFENSES.build(settings).noise_variance(variance, received)
+    return math.sqrt(variance)
+
+
 def apply_update_defenses(
     update: ClientUpdate, defenses: Sequence[Defense], generator: torch.Generator
 ) -> ClientUpdate:
@@ -124,5 +137,6 @@ __all__ = [
     "build_defenses",
     "clients_of",
     "format_defenses",
+    "noise_std",
     "parse_defenses",
 ]

@@ -53,6 +53,13 @@ class Defense(ABC, Generic[SettingsT]):
     def name(self) -> str:
         return self.settings.name
 
+    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+        """The per-entry variance of the random noise in a tensor after this defense, given
+        ``variance`` before it (``received``: the tensor as the server got it). Lets an
+        attack that knows the public defenses size the noise floor of what it receives; a
+        defense that adds or combines no noise leaves it unchanged."""
+        return variance
+
 
 class UpdateDefense(Defense[SettingsT]):
     """A defense on the finished update."""

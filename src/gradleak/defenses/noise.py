@@ -26,6 +26,15 @@ class NoiseSettings(DefenseSettings):
 class GaussianNoise(UpdateDefense[NoiseSettings]):
     """Adds independent N(0, std^2) noise to every entry of every tensor of the update."""
 
+    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+        sigma = self.settings.sigma
+        if not self.settings.relative:
+            return variance + sigma**2
+        # relative: std = sigma * RMS of the tensor before the noise, which the received
+        # tensor shows inflated by the noise itself: RMS_received^2 = RMS^2 (1 + sigma^2)
+        mean_square = float(received.double().pow(2).mean())
+        return variance + sigma**2 * mean_square / (1 + sigma**2)
+
     def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
         noised = {}
         for key in sorted(update.tensors):  # a fixed order: the same seed draws the same noise

@@ -29,6 +29,11 @@ class SecureAggregation(AcrossClientsDefense[SecAggSettings]):
     def clients(self) -> int:
         return self.settings.clients
 
+    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+        """Each client's noise is independent: K of them summed, or averaged."""
+        k = self.clients
+        return variance * k if self.settings.reduce == "sum" else variance / k
+
     def combine(self, updates: list[ClientUpdate]) -> ClientUpdate:
         if len(updates) != self.clients:
             raise ValueError(f"secagg expects {self.clients} updates, got {len(updates)}")

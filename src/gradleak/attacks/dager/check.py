@@ -31,6 +31,7 @@ from gradleak.attacks.adaptive import KEPT_COORDINATES, SIGN, adaptation_for
 from gradleak.attacks.base import Plan, Refusal
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
+from gradleak.defenses import noise_std
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.server import ServerKnowledge
@@ -164,9 +165,11 @@ def layer_check(
     pruned = adaptation_for(knowledge.defenses) == KEPT_COORDINATES
     checks = []
     if blocks:
-        checks.append(_check(update, blocks, settings.rank_tol, pruned))
+        checks.append(_check(update, blocks, settings.rank_tol, pruned, knowledge.defenses))
     for block, a_matrix in adapter_blocks:
-        checks.append(_check(update, [block], settings.rank_tol, pruned, a_matrix))
+        checks.append(
+            _check(update, [block], settings.rank_tol, pruned, knowledge.defenses, a_matrix)
+        )
     if not checks:
         raise GradleakError(
             f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
@@ -175,9 +178,23 @@ def layer_check(
     return LayerCheck(checks)
 
 
+HIDDEN_PRUNING_REFUSAL = (
+    "dager cannot be exact here: noise after pruning hides which coordinates pruning zeroed, "
+    "and rows that pruning cut partly leave the inputs' span: attack a pruned update without "
+    "noise after it"
+)
+
+
 def defense_refusal(defenses: tuple[Any, ...]) -> Refusal | None:
-    """A refusal when a public defense leaves no span to check (sign compression)."""
-    return Refusal(SIGN_REFUSAL) if adaptation_for(defenses) == SIGN else None
+    """A refusal when the public defenses leave no span to check: sign compression, or
+    pruning whose zeros later noise covers up."""
+    adaptation = adaptation_for(defenses)
+    if adaptation == SIGN:
+        return Refusal(SIGN_REFUSAL)
+    pruned = any(getattr(d, "name", None) == "prune" for d in defenses)
+    if pruned and adaptation != KEPT_COORDINATES:
+        return Refusal(HIDDEN_PRUNING_REFUSAL)
+    return None
 
 
 def pruning_refusal(check: LayerCheck, layer: int) -> Refusal | None:
@@ -271,18 +288,20 @@ def _check(
     blocks: list[Block],
     rank_tol: float | None,
     pruned: bool,
+    defenses: tuple[Any, ...],
     transform: torch.Tensor | None = None,
 ) -> SpanCheck:
-    """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole."""
+    """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole;
+    ``defenses``: the public ones, whose noise sets the rank's floor."""
     if not pruned:
-        return SpanCheck(_span(update, blocks, rank_tol), transform)
+        return SpanCheck(_span(update, blocks, rank_tol, defenses), transform)
     width = blocks[0].tensor.shape[-1]
     whole = _whole_rows(blocks)
     rows = sum(b.tensor.shape[0] for b in whole)
     if rows == 0:  # nothing kept whole: an empty span (``pruning_refusal`` refuses it)
         empty = torch.zeros(width, 0, dtype=torch.float64)
         return SpanCheck(SpanBasis(empty, empty.new_zeros(0), width), transform, 0, False)
-    span = _span(update, whole, rank_tol)
+    span = _span(update, whole, rank_tol, defenses)
     return SpanCheck(span, transform, rows, _saturated(span, rows, update.kind == "weight_delta"))
 
 
@@ -318,14 +337,23 @@ def _whole_rows(blocks: list[Block]) -> list[Block]:
     return kept
 
 
-def _span(update: ClientUpdate, blocks: list[Block], rank_tol: float | None) -> SpanBasis:
+def _span(
+    update: ClientUpdate,
+    blocks: list[Block],
+    rank_tol: float | None,
+    defenses: tuple[Any, ...] = (),
+) -> SpanBasis:
     """The blocks' joint span. A weight delta carries the float32 rounding of every local
-    step, which the server can size from the global weights it holds: the rank then
-    counts the directions above that noise (a gradient keeps the cut at the largest drop).
-    """
+    step, which the server can size from the global weights it holds, and a public noise
+    defense adds noise of a known size: the rank then counts the directions above that noise
+    (a plain gradient keeps the cut at the largest drop)."""
     tensors = [b.tensor for b in blocks]
-    noise = None
-    if update.kind == "weight_delta":
-        steps = int(update.metadata.get("local_steps", 1))
-        noise = [rounding_noise(b.weight, steps) for b in blocks]
+    delta = update.kind == "weight_delta"
+    steps = int(update.metadata.get("local_steps", 1))
+    noise = [
+        noise_std(defenses, b.tensor, rounding_noise(b.weight, steps) if delta else 0.0)
+        for b in blocks
+    ]
+    if not any(noise):
+        return span_basis(tensors, tensors[0].shape[-1], rank_tol, None)
     return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise)
