@@ -12,10 +12,17 @@ from typing import Any
 
 import torch
 
-from gradleak.defenses.base import Defense, DefenseSettings, Stage, UpdateDefense
+from gradleak.defenses.base import (
+    Defense,
+    DefenseSettings,
+    PrivateGradients,
+    SampleDefense,
+    Stage,
+    UpdateDefense,
+)
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
@@ -60,15 +67,35 @@ def format_defenses(defenses: Sequence[DefenseSettings]) -> str:
 
 
 def build_defenses(settings: Sequence[DefenseSettings]) -> list[Defense]:
-    """The scenario's defenses, in order; a stage this client cannot run is a one-line error."""
+    """The scenario's defenses, in order; a stage this client cannot run is a one-line error.
+
+    The client runs per-sample defenses (``SampleDefense``, at most one: it owns the local
+    steps) inside its round and per-update defenses (``UpdateDefense``) on the update."""
     defenses = [DEFENSES.build(s) for s in settings]
     for defense in defenses:
-        if defense.stage != "per_update":
+        if not isinstance(defense, (UpdateDefense, SampleDefense)):
             raise GradleakError(
                 f"defense {defense.name} acts {defense.stage.replace('_', ' ')}, which this "
-                "client does not run: use a per-update defense"
+                "client does not run: a defense it runs is an UpdateDefense or a SampleDefense"
             )
+    per_sample = [d.name for d in defenses if isinstance(d, SampleDefense)]
+    if len(per_sample) > 1:
+        raise GradleakError(
+            f"defenses {' and '.join(per_sample)} both act per sample in the client's steps: "
+            "keep one"
+        )
     return defenses
+
+
+def privacy_facts(
+    defenses: Sequence[Defense], global_model: GlobalModel, n_samples: int
+) -> dict[str, Any]:
+    """``{"privacy": ...}``: what the per-sample defense guarantees for a client round on
+    ``n_samples`` examples (DP-SGD's epsilon), for the record; ``{}`` without one."""
+    for defense in defenses:
+        if isinstance(defense, SampleDefense):
+            return {"privacy": defense.facts(global_model, n_samples)}
+    return {}
 
 
 def apply_update_defenses(
@@ -88,10 +115,13 @@ __all__ = [
     "DefenseSettings",
     "GaussianNoise",
     "NoiseSettings",
+    "PrivateGradients",
+    "SampleDefense",
     "Stage",
     "UpdateDefense",
     "apply_update_defenses",
     "build_defenses",
     "format_defenses",
     "parse_defenses",
+    "privacy_facts",
 ]
