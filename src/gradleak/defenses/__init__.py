@@ -20,6 +20,7 @@ from gradleak.defenses.base import (
     Stage,
     UpdateDefense,
 )
+from gradleak.defenses.dpsgd import DpSgd, DpSgdSettings
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
@@ -27,6 +28,7 @@ from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
 DEFENSES.register(GaussianNoise, NoiseSettings)
+DEFENSES.register(DpSgd, DpSgdSettings)
 
 NO_DEFENSE = "none"
 SYNTAX = "NAME:KEY=VALUE,KEY=VALUE joined by + (e.g. noise:sigma=0.01+noise:sigma=0.1)"
@@ -113,6 +115,8 @@ __all__ = [
     "NO_DEFENSE",
     "Defense",
     "DefenseSettings",
+    "DpSgd",
+    "DpSgdSettings",
     "GaussianNoise",
     "NoiseSettings",
     "PrivateGradients",
