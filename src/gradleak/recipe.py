@@ -23,7 +23,13 @@ from gradleak.data import (
     natural_task,
     sample_batches,
 )
-from gradleak.defenses import Defense, apply_update_defenses, build_defenses, format_defenses
+from gradleak.defenses import (
+    Defense,
+    apply_update_defenses,
+    build_defenses,
+    format_defenses,
+    privacy_facts,
+)
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
@@ -100,10 +106,11 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     )
     reset_peak_memory()  # this input's window: the update, the attack and its prior
     started = time.perf_counter()
-    update = compute_update(gm, batch, seed=derived_seed(config.seed, index, CLIENT_STREAM))
-    if prepared.defenses:
-        noise = torch.Generator().manual_seed(derived_seed(config.seed, index, DEFENSE_STREAM))
-        update = apply_update_defenses(update, prepared.defenses, noise)
+    noise = torch.Generator().manual_seed(derived_seed(config.seed, index, DEFENSE_STREAM))
+    client_seed = derived_seed(config.seed, index, CLIENT_STREAM)
+    # per-sample defenses (DP-SGD) run inside the client's steps, per-update ones after
+    update = compute_update(gm, batch, client_seed, prepared.defenses, generator=noise)
+    update = apply_update_defenses(update, prepared.defenses, noise)
     update_s = time.perf_counter() - started
     public = tuple(d.settings for d in prepared.defenses if d.settings.public)
     knowledge = server_knowledge(gm, batch, knows.known_labels, knows.known_lengths, public)
@@ -132,7 +139,7 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "update_s": update_s,
         "phase_s": reconstruction.seconds,
         "peak_rss_mb": peak_memory_mb(),
-        "info": reconstruction.info,
+        "info": reconstruction.info | privacy_facts(prepared.defenses, gm, len(batch_examples)),
     }
 
 
