@@ -268,6 +268,7 @@ def test_epsilon_is_opacus_accountants_for_the_rounds_steps_and_sample_rate(
         "delta": 1e-3,
         "accountant": accountant,
         "sample_rate": 0.5,
+        "sampling": "shuffled local batches, accounted as Poisson sampling",
         "steps": 6,
         "noise_multiplier": 1.1,
         "clip": 1.0,
@@ -337,6 +338,14 @@ def test_ghost_clipping_of_tied_parameters_and_two_per_sample_defenses_are_refus
         private_update(gm, batch, dpsgd(sigma=1.0, grad_sample_mode="ghost"))
     with pytest.raises(GradleakError, match="dpsgd and dpsgd both act per sample"):
         build_defenses([DpSgdSettings(sigma=1.0), DpSgdSettings(sigma=2.0)])
+
+
+def test_a_layer_opacus_cannot_handle_is_named_and_nothing_is_left_behind(tiny_victim):
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol())
+    gm.model.classifier.register_buffer("running_mean", torch.zeros(2))
+    with pytest.raises(GradleakError, match=r"of classifier \(Linear\), a trained layer with"):
+        private_update(gm, encode(gm.victim), dpsgd(sigma=1.0))
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in gm.model.modules())
 
 
 def test_a_per_sample_defense_needs_a_generator(tiny_victim):

@@ -95,12 +95,16 @@ class DpSgd(SampleDefense[DpSgdSettings]):
             local_batch = min(protocol.local_batch_size or n_samples, n_samples)
         q, steps = local_batch / n_samples, protocol.local_steps(n_samples)
         delta = s.delta if s.delta is not None else 1.0 / n_samples
+        sampling = "the whole batch"
+        if q < 1:
+            sampling = "shuffled local batches, accounted as Poisson sampling"
         facts: dict[str, Any] = {
             "defense": s.name,
             "epsilon": None,
             "delta": delta,
             "accountant": s.accountant,
             "sample_rate": q,
+            "sampling": sampling,
             "steps": steps,
             "noise_multiplier": s.sigma,
             "clip": s.clip,
@@ -142,6 +146,13 @@ class _OpacusGradients(PrivateGradients):
             module.training = True
         self.handles = []
         self.hooks = None
+        unsupported = _layers_with_buffers(model)
+        if unsupported:
+            self.close()
+            raise GradleakError(
+                f"opacus cannot compute per-example gradients of {unsupported}, a trained "
+                "layer with buffers: freeze it to use dpsgd"
+            )
         try:
             if mode == "ghost":
                 self.hooks = GradSampleHooksFastGradientClipping(
@@ -230,6 +241,16 @@ class _OpacusGradients(PrivateGradients):
         self.handles = []
         for module, training in self.flags:
             module.training = training
+
+
+def _layers_with_buffers(model: nn.Module) -> str:
+    """Names of layers that hold trained parameters and buffers (batch norm's running
+    statistics, say), which opacus refuses; '' if none."""
+    return ", ".join(
+        f"{name} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if _holds_trained_parameters(module) and next(module.buffers(), None) is not None
+    )
 
 
 def _holds_trained_parameters(module: nn.Module) -> bool:
