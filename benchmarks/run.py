@@ -10,6 +10,8 @@ Suites:
                  --threads threads vs two worker processes sharing them (wall s per input).
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
+  dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
+                 MiniLM, CoLA B=8.
   lamp_main      DLG, TAG, LAMP_cos, LAMP_L2+L1 on MiniLM, CoLA / SST-2 / RT, B=1, eval mode.
   lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.
@@ -46,6 +48,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dp_step  # noqa: E402
 import suites_dager  # noqa: E402
 import suites_defenses  # noqa: E402
 import suites_lamp  # noqa: E402
@@ -60,7 +63,7 @@ CELL_SUITES = {
     **suites_dager.SUITES,
     **suites_defenses.SUITES,
 }  # tables of ordinary runs
-TIMED_SUITES = {**timing.SUITES, **update_time.SUITES}  # measured in-process, no run records
+TIMED_SUITES = {**timing.SUITES, **update_time.SUITES, **dp_step.SUITES}  # measured in-process
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
 
 

@@ -117,3 +117,13 @@ def test_bad_secure_aggregation_settings_are_one_line_errors():
         build_defenses([SecAggSettings(clients=2), SecAggSettings(clients=3)])
     with pytest.raises(GradleakError, match="clients: Input should be greater than or equal to 1"):
         config_from_options({"defense": "secagg:clients=0"})
+
+
+def test_clipped_clients_summed_still_leak_to_dager():
+    """Per-sample clipping rescales each example's gradient and leaves its span: DAGER recovers
+    both clients' sentences from the sum of their clipped (noise-free) DP-SGD updates."""
+    args = ["attack", "--model", "tiny-gpt2", "--attack", "dager", "--mode", "eval"]
+    defense = "dpsgd:clip=0.01,sigma=0+secagg:clients=2"
+    result = CliRunner().invoke(app, [*args, "--defense", defense])
+    assert result.exit_code == 0, result.output
+    assert "exact 100.0" in result.output.replace("\n", " ").replace("  ", " ")

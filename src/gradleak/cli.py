@@ -76,6 +76,14 @@ def print_record(record: Record) -> None:
             f"   paper-compatible: R-1 {p['rouge1']:.1f}  R-2 {p['rouge2']:.1f}  "
             f"R-L {p['rougeL']:.1f}"
         )
+    privacy = next((s.info["privacy"] for s in record.scored if "privacy" in s.info), None)
+    if privacy is not None:
+        epsilon = privacy.get("epsilon")
+        shown = "none (see the record's note)" if epsilon is None else f"{epsilon:.3g}"
+        console.print(
+            f"privacy: epsilon {shown} at delta {privacy.get('delta')} per client round "
+            f"({privacy.get('accountant')} accountant, {privacy.get('steps')} steps)"
+        )
     t = record.timing
     console.print(
         f"time: {t.total_s:.1f} s total, {t.update_s:.1f} s client updates, "

@@ -22,7 +22,13 @@ from gradleak.data import (
     natural_task,
     sample_batches,
 )
-from gradleak.defenses import Defense, build_defenses, clients_of, format_defenses
+from gradleak.defenses import (
+    Defense,
+    build_defenses,
+    clients_of,
+    format_defenses,
+    privacy_facts,
+)
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
@@ -155,7 +161,9 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "update_s": update_s,
         "phase_s": reconstruction.seconds,
         "peak_rss_mb": peak_memory_mb(),
-        "info": reconstruction.info,
+        # what the client's per-sample defense guarantees (DP-SGD's epsilon) for its n_k
+        "info": reconstruction.info
+        | privacy_facts(prepared.defenses, gm, len(prepared.batches[index])),
     }
 
 

@@ -17,15 +17,18 @@ from gradleak.defenses.base import (
     AcrossClientsDefense,
     Defense,
     DefenseSettings,
+    PrivateGradients,
+    SampleDefense,
     Stage,
     UpdateDefense,
 )
+from gradleak.defenses.dpsgd import DpSgd, DpSgdSettings
 from gradleak.defenses.noise import GaussianNoise, NoiseSettings
 from gradleak.defenses.prune import PruneSettings, TopKPruning
 from gradleak.defenses.secagg import SecAggSettings, SecureAggregation
 from gradleak.defenses.sign import SignCompression, SignSettings
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry("defense")
@@ -33,6 +36,7 @@ DEFENSES.register(GaussianNoise, NoiseSettings)
 DEFENSES.register(TopKPruning, PruneSettings)
 DEFENSES.register(SignCompression, SignSettings)
 DEFENSES.register(SecureAggregation, SecAggSettings)
+DEFENSES.register(DpSgd, DpSgdSettings)
 
 NO_DEFENSE = "none"
 SYNTAX = "NAME:KEY=VALUE,KEY=VALUE joined by + (e.g. noise:sigma=0.01+noise:sigma=0.1)"
@@ -73,20 +77,21 @@ def format_defenses(defenses: Sequence[DefenseSettings]) -> str:
 
 
 def build_defenses(settings: Sequence[DefenseSettings]) -> list[Defense]:
-    """The scenario's defenses, in order; a stage this client cannot run, or more than one
-    combination of clients, is a one-line error."""
+    """The scenario's defenses, in order; a stage this client cannot run, more than one
+    per-sample defense (it owns the local steps) or more than one combination of clients is a
+    one-line error."""
     defenses = [DEFENSES.build(s) for s in settings]
     for defense in defenses:
-        if defense.stage not in ("per_update", "across_clients"):
+        if not isinstance(defense, (UpdateDefense, SampleDefense, AcrossClientsDefense)):
             raise GradleakError(
                 f"defense {defense.name} acts {defense.stage.replace('_', ' ')}, which this "
-                "client does not run: use a per-update defense"
+                "client does not run: use a per-update, per-sample or across-clients defense"
             )
-    combining = [d.name for d in defenses if isinstance(d, AcrossClientsDefense)]
-    if len(combining) > 1:
-        raise GradleakError(
-            f"defenses {' and '.join(combining)} both combine clients: keep one of them"
-        )
+    for kind, what in ((SampleDefense, "act per sample in the client's steps"),
+                       (AcrossClientsDefense, "combine clients")):  # fmt: skip
+        names = [d.name for d in defenses if isinstance(d, kind)]
+        if len(names) > 1:
+            raise GradleakError(f"defenses {' and '.join(names)} both {what}: keep one of them")
     return defenses
 
 
@@ -107,6 +112,17 @@ def noise_std(
     return math.sqrt(variance)
 
 
+def privacy_facts(
+    defenses: Sequence[Defense], global_model: GlobalModel, n_samples: int
+) -> dict[str, Any]:
+    """``{"privacy": ...}``: what the per-sample defense guarantees for a client round on
+    ``n_samples`` examples (DP-SGD's epsilon), for the record; ``{}`` without one."""
+    for defense in defenses:
+        if isinstance(defense, SampleDefense):
+            return {"privacy": defense.facts(global_model, n_samples)}
+    return {}
+
+
 def apply_update_defenses(
     update: ClientUpdate, defenses: Sequence[Defense], generator: torch.Generator
 ) -> ClientUpdate:
@@ -123,6 +139,8 @@ __all__ = [
     "AcrossClientsDefense",
     "Defense",
     "DefenseSettings",
+    "DpSgd",
+    "DpSgdSettings",
     "GaussianNoise",
     "NoiseSettings",
     "PruneSettings",
@@ -131,6 +149,8 @@ __all__ = [
     "SignCompression",
     "SignSettings",
     "TopKPruning",
+    "PrivateGradients",
+    "SampleDefense",
     "Stage",
     "UpdateDefense",
     "apply_update_defenses",
@@ -139,4 +159,5 @@ __all__ = [
     "format_defenses",
     "noise_std",
     "parse_defenses",
+    "privacy_facts",
 ]

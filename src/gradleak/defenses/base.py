@@ -14,12 +14,17 @@ names each with its parameters; the server's knowledge holds the ones declared `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, Literal, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from gradleak.federated.client import ClientUpdate
+
+if TYPE_CHECKING:
+    from gradleak.federated.client import GlobalModel
 
 Stage = Literal["per_sample", "per_update", "across_clients"]
 
@@ -88,3 +93,47 @@ class AcrossClientsDefense(Defense[SettingsT]):
     @abstractmethod
     def combine(self, updates: list[ClientUpdate]) -> ClientUpdate:
         """What the server receives from ``updates`` (the attacked client's first)."""
+
+
+class PrivateGradients(ABC):
+    """A model whose gradients a per-sample defense computes, for one client round.
+
+    Made by :meth:`SampleDefense.attach`; a context manager: leaving it removes every trace
+    of the defense from the model (hooks, per-example buffers, module flags).
+    """
+
+    @abstractmethod
+    def gradient(self, example_losses: Callable[[], torch.Tensor], batch_size: int) -> None:
+        """Run ``example_losses`` (the forward pass: each example's own loss, shape
+        ``[batch_size]``) and leave in every trainable parameter's ``.grad`` the defended
+        mean gradient. An optimizer step, if any, is the client's."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Detach from the model."""
+
+    def __enter__(self) -> PrivateGradients:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SampleDefense(Defense[SettingsT]):
+    """A defense inside the client's local steps, on each example's gradient (DP-SGD).
+
+    The client attaches it to the model it differentiates (FedSGD: the global model, for one
+    gradient; FedAvg: its local copy, for every local step) and asks it for each step's
+    gradient; random draws come from the generator given to :meth:`attach` only.
+    """
+
+    stage: ClassVar[Stage] = "per_sample"
+
+    @abstractmethod
+    def attach(self, model: nn.Module, generator: torch.Generator) -> PrivateGradients:
+        """Make the gradients of ``model``'s trainable parameters private until closed."""
+
+    @abstractmethod
+    def facts(self, global_model: GlobalModel, n_samples: int) -> dict[str, Any]:
+        """What the defense guarantees for a client round on ``n_samples`` examples (for the
+        record, not for the server: epsilon and delta for DP-SGD)."""

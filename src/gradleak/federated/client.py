@@ -5,17 +5,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.sharing import TensorSpec, apply_training_setup, shared_tensor_specs
 from gradleak.models.registry import Victim
 from gradleak.models.tasks import EncodedBatch, task_loss, unwrap
+
+if TYPE_CHECKING:
+    from gradleak.defenses.base import Defense, PrivateGradients, SampleDefense
 
 
 @dataclass
@@ -65,6 +70,52 @@ class GlobalModel:
             token_type_ids=batch.token_type_ids,
         )
 
+    def example_losses(self, model: nn.Module, batch: EncodedBatch) -> torch.Tensor:
+        """Each example's own training loss (shape ``[B]``), from one forward pass of the batch.
+
+        What a per-sample defense clips is the gradient of these: example i's loss is what
+        :meth:`batch_loss` gives for example i alone. The batch loss is a mean of
+        cross-entropies (one per example, per target token, or per answer end); each is
+        recorded unreduced and every example's terms are averaged. (A causal LM's batch loss
+        weighs examples by their numbers of tokens; here each example weighs the same.)
+        """
+        with _CrossEntropies() as recorded:
+            batch_loss = self.batch_loss(model, batch)
+        return recorded.per_example(batch.input_ids.shape[0], batch_loss)
+
+
+class _CrossEntropies(TorchFunctionMode):
+    """Records every ``F.cross_entropy`` computed under it unreduced; each still returns its
+    mean, so the loss computed under it is unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.terms: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.cross_entropy:
+            return func(*args, **kwargs)
+        if kwargs.get("reduction", "mean") != "mean" or kwargs.get("weight") is not None:
+            raise ValueError("per-example losses need unweighted mean cross-entropies")
+        losses = func(*args, **{**kwargs, "reduction": "none"})
+        target = args[1] if len(args) > 1 else kwargs["target"]
+        counted = target != kwargs.get("ignore_index", -100)
+        self.terms.append((losses, counted))
+        return losses.sum() / counted.sum()
+
+    def per_example(self, n: int, batch_loss: torch.Tensor) -> torch.Tensor:
+        """Each of the ``n`` examples' mean over its own terms, averaged over the recorded
+        cross-entropies; ``batch_loss`` must be the mean of those cross-entropies."""
+        means, per_example = [], []
+        for losses, counted in self.terms:
+            means.append(losses.sum() / counted.sum())
+            losses, counted = losses.reshape(n, -1), counted.reshape(n, -1)
+            per_example.append(losses.sum(dim=1) / counted.sum(dim=1).clamp(min=1))
+        if not self.terms or not torch.allclose(torch.stack(means).mean(), batch_loss):
+            raise ValueError("the task's loss is not a mean of cross-entropies")
+        return torch.stack(per_example).mean(dim=0)
+
 
 @dataclass
 class ClientUpdate:
@@ -98,24 +149,42 @@ def client_mode(model: nn.Module, mode: str) -> Iterator[nn.Module]:
             module.training = training
 
 
-def compute_update(global_model: GlobalModel, batch: EncodedBatch, seed: int) -> ClientUpdate:
+def compute_update(
+    global_model: GlobalModel,
+    batch: EncodedBatch,
+    seed: int,
+    defenses: Sequence[Defense] = (),
+    generator: torch.Generator | None = None,
+) -> ClientUpdate:
     """Run the client's round on its private batch. Dropout masks are drawn from ``seed``.
 
-    The global model is left as it was: FedSGD differentiates it in place (weights untouched,
-    modes restored), FedAvg trains a copy.
+    Of the scenario's ``defenses`` the client runs those that act per sample (DP-SGD) inside
+    its steps, drawing their noise from ``generator``; the others act on the finished update
+    and are not the client's round. The global model is left as it was: FedSGD differentiates
+    it in place (weights untouched, modes restored), FedAvg trains a copy.
     """
     protocol = global_model.protocol
+    private = _sample_defense(defenses)
+    if private is not None and generator is None:
+        raise ValueError("a per-sample defense draws its noise from a generator: pass one")
     torch.manual_seed(seed)
     if protocol.algorithm == "fedsgd":
         with client_mode(global_model.model, protocol.mode) as model:
-            tensors = _gradient(global_model, model, batch)
+            if private is None:
+                tensors = _gradient(global_model, model, batch)
+            else:
+                with private.attach(model, generator) as steps:
+                    tensors = _private_gradient(global_model, model, batch, steps)
         kind = "gradient"
     else:
         model = global_model.copy_model()
         set_mode(model, protocol.mode)
         params = dict(model.named_parameters())
         before = {s.param: params[s.param].detach().clone() for s in global_model.specs}
-        _local_training(global_model, model, batch, torch.Generator().manual_seed(seed))
+        shuffle = torch.Generator().manual_seed(seed)
+        attached = contextlib.nullcontext() if private is None else private.attach(model, generator)
+        with attached as steps:
+            _local_training(global_model, model, batch, shuffle, steps)
         tensors = {
             s.key: s.take(params[s.param].detach() - before[s.param]).clone()
             for s in global_model.specs
@@ -131,6 +200,12 @@ def compute_update(global_model: GlobalModel, batch: EncodedBatch, seed: int) ->
         **protocol.model_dump(mode="json"),
     }
     return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
+
+
+def _sample_defense(defenses: Sequence[Defense]) -> SampleDefense | None:
+    """The per-sample defense among ``defenses`` (at most one: ``build_defenses`` checks)."""
+    private = [d for d in defenses if d.stage == "per_sample"]
+    return private[0] if private else None
 
 
 def timed_update(
@@ -158,9 +233,34 @@ def _gradient(
         n: torch.zeros_like(params[n]) if g is None else g.detach()
         for n, g in zip(names, grads, strict=True)
     }
+    return _update_tensors(global_model.specs, by_name)
+
+
+def _private_gradient(
+    global_model: GlobalModel, model: nn.Module, batch: EncodedBatch, steps: PrivateGradients
+) -> dict[str, torch.Tensor]:
+    """FedSGD under a per-sample defense: one defended step's gradient (DP-SGD: each
+    example's gradient clipped, their mean noised), as the defense leaves it in ``.grad``.
+    Every trainable parameter is differentiated, shared or not: the clipping bounds each
+    example's whole gradient. The parameters' ``.grad`` are restored after."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    saved = [p.grad for _, p in params]
+    try:
+        steps.gradient(lambda: global_model.example_losses(model, batch), batch.input_ids.shape[0])
+        by_name = {n: p.grad.detach() for n, p in params}
+    finally:
+        for (_, p), grad in zip(params, saved, strict=True):
+            p.grad = grad
+    return _update_tensors(global_model.specs, by_name)
+
+
+def _update_tensors(
+    specs: list[TensorSpec], by_name: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The update's tensors: each spec's part of its parameter's gradient ``by_name``."""
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for spec in global_model.specs:
+    for spec in specs:
         tensor = spec.take(by_name[spec.param])
         # A gradient is a fresh tensor that only this update holds. Copied are a slice (it
         # would keep the whole fused gradient alive) and a tensor already in the update (a
@@ -174,9 +274,14 @@ def _gradient(
 
 
 def _local_training(
-    global_model: GlobalModel, model: nn.Module, batch: EncodedBatch, generator: torch.Generator
+    global_model: GlobalModel,
+    model: nn.Module,
+    batch: EncodedBatch,
+    generator: torch.Generator,
+    steps: PrivateGradients | None = None,
 ) -> None:
-    """FedAvg local training: E epochs over the n_k samples in local batches of b."""
+    """FedAvg local training: E epochs over the n_k samples in local batches of b; with a
+    per-sample defense, every step's gradient is the defense's (DP-SGD's local steps)."""
     protocol = global_model.protocol
     trainable = [p for p in model.parameters() if p.requires_grad]
     if protocol.optimizer == "sgd":
@@ -189,6 +294,10 @@ def _local_training(
         order = torch.randperm(n, generator=generator) if protocol.shuffle else torch.arange(n)
         for start in range(0, n, b):
             optimizer.zero_grad(set_to_none=True)
-            loss = global_model.batch_loss(model, batch.select(order[start : start + b]))
-            loss.backward()
+            local = batch.select(order[start : start + b])
+            if steps is None:
+                global_model.batch_loss(model, local).backward()
+            else:
+                rows = local.input_ids.shape[0]
+                steps.gradient(lambda local=local: global_model.example_losses(model, local), rows)
             optimizer.step()

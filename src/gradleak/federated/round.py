@@ -50,11 +50,14 @@ def client_update(
     defenses: Sequence[Defense],
     seeds: tuple[int, int],
 ) -> ClientUpdate:
-    """One client's update on ``batch`` with its own ``defenses`` applied, from (its seed,
-    its defenses' seed)."""
+    """One client's update on ``batch`` with its own ``defenses``: per-sample ones (DP-SGD)
+    inside its steps, per-update ones on the result; (its seed, its defenses' seed)."""
     client_seed, defense_seed = seeds
-    update = compute_update(global_model, batch, seed=client_seed)
-    return _defended(update, defenses, defense_seed)
+    if not defenses:
+        return compute_update(global_model, batch, seed=client_seed)
+    generator = torch.Generator().manual_seed(defense_seed)
+    update = compute_update(global_model, batch, client_seed, defenses, generator=generator)
+    return apply_update_defenses(update, defenses, generator)
 
 
 def _defended(update: ClientUpdate, defenses: Sequence[Defense], seed: int) -> ClientUpdate:
