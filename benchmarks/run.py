@@ -30,6 +30,10 @@ Suites:
                  Gaussian noise sigma = 0.001, 0.002, 0.005, 0.01 on the gradient.
   defense_secagg secure aggregation of K = 1, 2, 4, 8 clients: LAMP_cos (MiniLM) and DAGER
                  (SmolLM2) on CoLA, one sentence per client.
+  defense_compression  Wu et al. Table 2 without LTI: none / sign / prune keep 0.01 / noise
+                 0.01 vs TAG and LAMP_cos (adapted losses) and DAGER, MiniLM CoLA B=1.
+  defense_dpsgd  Li, Xu & Dras Table 2: DP-SGD clip 1, sigma 0-0.5, vs LAMP_cos (full and
+                 layer 3's q), TAG, DAGER on MiniLM CoLA B=1; epsilon in every record.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.
 --limit N fills a table N inputs per cell at a time: the cells stay part-way, --report shows

@@ -41,4 +41,53 @@ def defense_secagg(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-SUITES = {"defense_noise": defense_noise, "defense_secagg": defense_secagg}
+def defense_compression(batches: int, data_dir: str | None) -> list[Cell]:
+    """Wu et al. Table 2's defenses without LTI: none, sign compression, top-k pruning at
+    keep 0.01 (their pruning rate 0.99), noise 0.01; TAG and LAMP_cos with the adapted losses
+    the public defense calls for, and DAGER. MiniLM, CoLA B=1, eval-mode client (Wu et al.
+    attack a causal GPT-2 on WikiText; the offline stand-ins here are LAMP's setting)."""
+    defenses = {"none": "none", "sign": "sign", "prune0.01": "prune:keep=0.01",
+                "noise0.01": "noise:sigma=0.01"}  # fmt: skip
+    cells = []
+    for label, defense in defenses.items():
+        for attack in ("tag", "lamp-cos", "dager"):
+            options = {"mode": "eval", "attack": attack, "defense": defense}
+            if attack == "dager":
+                options["known_lengths"] = False
+            cells.append(
+                (f"{attack}-cola-{label}", cell("minilm", "cola", 1, batches, data_dir, **options))
+            )
+    return cells
+
+
+def defense_dpsgd(batches: int, data_dir: str | None) -> list[Cell]:
+    """Li, Xu & Dras Table 2: DP-SGD (clip 1) at noise multipliers 0-0.5 on MiniLM, CoLA B=1
+    (delta 1e-5: 1/N of a one-example client is 1, where epsilon is infinite); LAMP_cos on
+    the full update and on layer 3's q alone (each tensor normalized), TAG, and DAGER.
+    Epsilon is in every sample's info."""
+    cells = []
+    for sigma in (0, 0.01, 0.1, 0.3, 0.5):
+        defense = f"dpsgd:clip=1.0,sigma={sigma},delta=1e-5"
+        variants = {
+            "lamp-cos": {"attack": "lamp-cos"},
+            "lamp-cos-L3q": {"attack": "lamp-cos", "match": "3.q", "normalize": "tensor"},
+            "tag": {"attack": "tag"},
+            "dager": {"attack": "dager", "known_lengths": False},
+        }
+        for label, options in variants.items():
+            options = {"mode": "eval", "defense": defense, **options}
+            cells.append(
+                (
+                    f"{label}-cola-dp{sigma:g}",
+                    cell("minilm", "cola", 1, batches, data_dir, **options),
+                )
+            )
+    return cells
+
+
+SUITES = {
+    "defense_noise": defense_noise,
+    "defense_secagg": defense_secagg,
+    "defense_compression": defense_compression,
+    "defense_dpsgd": defense_dpsgd,
+}
