@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import torch
-from report import write_results
+from report import cola_or_skip, write_results
 
-from gradleak.data import load_examples, sample_batches
+from gradleak.data import sample_batches
 from gradleak.defenses import DpSgd, DpSgdSettings
-from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.models.registry import load_victim, model_status
@@ -27,10 +26,8 @@ def dp_step(out_dir: Path, batches: int, data_dir: str | None, repeats: int = 5)
     """Seconds of one FedSGD update (train mode, fp32) with and without DP-SGD (clip 1, sigma
     1), interleaved, per opacus mode. ``batches`` is not used: one input."""
     started = time.perf_counter()
-    try:
-        examples = load_examples("cola", data_dir, None, None)
-    except GradleakError as exc:
-        print(f"dp_step: skipped, it needs the CoLA data: {exc}")
+    examples = cola_or_skip("dp_step", data_dir)
+    if examples is None:
         return
     status = model_status(MODEL)
     if status.startswith("missing"):

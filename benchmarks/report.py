@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gradleak.data import Example, load_examples
 from gradleak.environment import machine, versions
+from gradleak.errors import GradleakError
 
 
 def write_results(
@@ -59,3 +61,12 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def cola_or_skip(suite: str, data_dir: str | None) -> list[Example] | None:
+    """CoLA's training examples, or None after saying why the suite is skipped."""
+    try:
+        return load_examples("cola", data_dir, None, None)
+    except GradleakError as exc:
+        print(f"{suite}: skipped, it needs the CoLA data: {exc}")
+        return None

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import torch
-from report import write_results
+from report import cola_or_skip, write_results
 
-from gradleak.data import load_examples, sample_batches
-from gradleak.errors import GradleakError
+from gradleak.data import sample_batches
 from gradleak.federated.client import GlobalModel, client_mode, timed_update
 from gradleak.federated.protocol import Protocol
 from gradleak.models.registry import load_victim, model_status
@@ -28,10 +27,8 @@ def update_time(out_dir: Path, batches: int, data_dir: str | None, repeats: int 
     shape, and of a plain backward of the same loss, interleaved; the update's gradients are
     checked to be the plain backward's bit for bit. ``batches`` is not used: one input each."""
     started = time.perf_counter()
-    try:
-        examples = load_examples("cola", data_dir, None, None)
-    except GradleakError as exc:
-        print(f"update_time: skipped, it needs the CoLA data: {exc}")
+    examples = cola_or_skip("update_time", data_dir)
+    if examples is None:
         return
     threads = torch.get_num_threads()
     rows, skipped = [], []
