@@ -24,7 +24,8 @@ def prepared_round(options: dict, index: int = 0):
     config = config_from_options(TINY | options)
     prepared = recipe.prepare(config)
     groups = [prepared.batches[index], *prepared.others[index]]
-    batches = [recipe.encode(config, prepared, g) for g in groups]
+    max_tokens = config.scenario.data.max_tokens
+    batches = [prepared.global_model.encode(g, max_tokens) for g in groups]
     return config, prepared, groups, batches
 
 

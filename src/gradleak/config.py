@@ -15,7 +15,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializeAsAny,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -23,11 +22,7 @@ from pydantic import (
 from gradleak.attacks import ATTACKS
 from gradleak.attacks.base import AttackSettings
 from gradleak.defenses import DEFENSES, DefenseSettings, parse_defenses
-from gradleak.errors import GradleakError
 from gradleak.federated.protocol import Protocol
-from gradleak.registry import first_error
-
-TASKS = ("classification", "causal_lm", "qa")
 
 
 class DataConfig(BaseModel):
@@ -142,10 +137,6 @@ class RunConfig(BaseModel):
         """The identity of a config as a record stores it (either shape)."""
         return RunConfig.model_validate(stored).identity()
 
-    @property
-    def name(self) -> str:
-        return self.attack.name
-
 
 def legacy_config(old: dict[str, Any]) -> dict[str, Any]:
     """A config of the earlier flat shape (model, dataset, ..., attack, attack_settings) in
@@ -163,11 +154,3 @@ def legacy_config(old: dict[str, Any]) -> dict[str, Any]:
         "attack": {"name": old.get("attack", "tag"), **settings},
         "seed": old.get("seed", 0),
     }
-
-
-def validate_config(**fields: Any) -> RunConfig:
-    """Build a RunConfig (either shape), turning pydantic's report into one line."""
-    try:
-        return RunConfig(**fields)
-    except ValidationError as exc:
-        raise GradleakError(f"invalid config: {first_error(exc)}") from None

@@ -260,10 +260,10 @@ def _get(source: Any, path: tuple[str, ...]) -> Any:
     return source
 
 
-def _unknown(raw: str, table: dict[str, Option]) -> str:
+def _unknown(raw: str, table: dict[str, Option], command: str = "attack") -> str:
     flag = "--" + raw.lstrip("-").replace("_", "-")
     close = difflib.get_close_matches(flag, [o.flag for o in table.values()], n=1)
-    hint = f": did you mean {close[0]}?" if close else ": see gradleak attack --help"
+    hint = f": did you mean {close[0]}?" if close else f": see gradleak {command} --help"
     return f"unknown option {flag}{hint}"
 
 
@@ -286,9 +286,7 @@ def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilityS
     given = {k.lstrip("-").replace("-", "_"): v for k, v in values.items() if v is not None}
     for key in given:
         if key not in allowed:
-            raise GradleakError(
-                _unknown(key, allowed).replace("gradleak attack", "gradleak utility")
-            )
+            raise GradleakError(_unknown(key, allowed, "utility"))
     settings = {fine_tuning[k].path[-1]: v for k, v in given.items() if k in fine_tuning}
     try:
         utility = UtilitySettings(**settings)

@@ -35,7 +35,6 @@ from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import server_round
 from gradleak.federated.server import server_knowledge
 from gradleak.models.registry import Victim, load_victim
-from gradleak.models.tasks import encode_examples
 
 # Independent seed streams of one input: the attacked client, the attack, the attacked
 # client's defenses; the other clients of a combined round take two streams each from
@@ -120,11 +119,12 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     included, so that a resumed run can aggregate them."""
     gm, knows = prepared.global_model, config.scenario.knowledge
     groups = [prepared.batches[index], *prepared.others[index]]  # the attacked client first
-    batches = [encode(config, prepared, examples) for examples in groups]
+    max_tokens = config.scenario.data.max_tokens
+    batches = [gm.encode(examples, max_tokens) for examples in groups]
     batch_examples = [ex for examples in groups for ex in examples]
     # what the evaluator holds and the server's knowledge describe: every private text of
     # the round (one client's batch without an across-clients defense)
-    batch = batches[0] if len(batches) == 1 else encode(config, prepared, batch_examples)
+    batch = batches[0] if len(batches) == 1 else gm.encode(batch_examples, max_tokens)
     reset_peak_memory()  # this input's window: the update, the attack and its prior
     started = time.perf_counter()
     update = server_round(gm, batches, prepared.defenses, partial(round_seeds, config, index))
@@ -165,18 +165,6 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "info": reconstruction.info
         | privacy_facts(prepared.defenses, gm, len(prepared.batches[index])),
     }
-
-
-def encode(config: RunConfig, prepared: Prepared, examples: list[Example]):
-    """A client's private examples tokenized as its fine-tuning does."""
-    victim = prepared.victim
-    return encode_examples(
-        victim.tokenizer,
-        examples,
-        prepared.task,
-        victim.adapter.max_positions(victim.model),
-        config.scenario.data.max_tokens,
-    )
 
 
 def round_seeds(config: RunConfig, index: int, client: int) -> tuple[int, int]:

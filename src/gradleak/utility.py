@@ -29,7 +29,7 @@ from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.round import client_update, split_at_combination
 from gradleak.models.registry import load_victim
-from gradleak.models.tasks import classification_logits, encode_examples, task_loss, unwrap
+from gradleak.models.tasks import classification_logits, model_inputs, task_loss, unwrap
 from gradleak.recipe import derived_seed
 
 UTILITY_STREAM = 1000  # seed streams of the fine-tuning's clients, apart from the attacks'
@@ -99,7 +99,7 @@ def measure_utility(
         updates = []
         for k in range(settings.clients):
             j = r * settings.clients + k
-            batch = _encode(gm, task, batches[j], data.max_tokens)
+            batch = gm.encode(batches[j], data.max_tokens)
             seeds = (
                 derived_seed(config.seed, j, UTILITY_STREAM),
                 derived_seed(config.seed, j, UTILITY_STREAM + 1),
@@ -123,12 +123,6 @@ def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]
         )
     dev = load_examples(name, data.data_dir, split, data.encoding)
     return dev[: settings.eval_examples]
-
-
-def _encode(gm: GlobalModel, task: str, examples: list[Example], max_tokens: int | None):
-    victim = gm.victim
-    limit = victim.adapter.max_positions(victim.model)
-    return encode_examples(victim.tokenizer, examples, task, limit, max_tokens)
 
 
 def apply_mean_update(gm: GlobalModel, updates: list[ClientUpdate]) -> None:
@@ -156,10 +150,10 @@ def evaluate_model(
             if task == "classification":
                 predicted, truth = [], []
                 for start in range(0, len(dev), batch_size):
-                    batch = _encode(gm, task, dev[start : start + batch_size], max_tokens)
-                    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-                    if batch.token_type_ids is not None and adapter.uses_token_types:
-                        inputs["token_type_ids"] = batch.token_type_ids
+                    batch = gm.encode(dev[start : start + batch_size], max_tokens)
+                    inputs = model_inputs(
+                        adapter, batch.attention_mask, batch.input_ids, None, batch.token_type_ids
+                    )
                     logits = classification_logits(
                         unwrap(model), adapter, inputs, batch.attention_mask
                     )
@@ -168,7 +162,7 @@ def evaluate_model(
                 return classification_metrics(predicted, truth)
             total, tokens = 0.0, 0
             for start in range(0, len(dev), batch_size):
-                batch = _encode(gm, task, dev[start : start + batch_size], max_tokens)
+                batch = gm.encode(dev[start : start + batch_size], max_tokens)
                 count = int((batch.attention_mask[:, 1:]).sum())
                 loss = task_loss(
                     model, adapter, task, batch.attention_mask, batch.labels,

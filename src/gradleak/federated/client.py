@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.sharing import TensorSpec, apply_training_setup, shared_tensor_specs
 from gradleak.models.registry import Victim
-from gradleak.models.tasks import EncodedBatch, task_loss, unwrap
+from gradleak.models.tasks import EncodedBatch, encode_examples, task_loss, unwrap
 
 if TYPE_CHECKING:
     from gradleak.defenses.base import Defense, PrivateGradients, SampleDefense
@@ -58,6 +59,12 @@ class GlobalModel:
 
     def named_parameter(self, model: nn.Module, name: str) -> nn.Parameter:
         return dict(model.named_parameters())[name]
+
+    def encode(self, examples: list[Example], max_tokens: int | None = None) -> EncodedBatch:
+        """Private examples tokenized as a client's fine-tuning does (the model's limit)."""
+        victim = self.victim
+        limit = victim.adapter.max_positions(victim.model)
+        return encode_examples(victim.tokenizer, examples, self.task, limit, max_tokens)
 
     def batch_loss(self, model: nn.Module, batch: EncodedBatch) -> torch.Tensor:
         return task_loss(

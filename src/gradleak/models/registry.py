@@ -24,6 +24,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from gradleak.data.specs import TASKS
 from gradleak.errors import GradleakError
 from gradleak.models.adapters import ModelAdapter, adapter_for
 from gradleak.models.cache import cache_dir
@@ -53,7 +54,6 @@ __all__ = [
     "model_status",
 ]
 
-TASKS: tuple[str, ...] = ("classification", "causal_lm", "qa")
 NUM_LABELS = 2
 
 _AUTO_CLASSES = {

@@ -183,9 +183,7 @@ def task_loss(
     because Hugging Face pools the last *position* when given embeddings instead of ids.
     """
     hf = unwrap(model)
-    inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "attention_mask": batch_mask}
-    if token_type_ids is not None and adapter.uses_token_types:
-        inputs["token_type_ids"] = token_type_ids
+    inputs = model_inputs(adapter, batch_mask, input_ids, inputs_embeds, token_type_ids)
     if task == "classification":
         logits = classification_logits(hf, adapter, inputs, batch_mask)
         return F.cross_entropy(logits, labels["label"])
@@ -200,6 +198,20 @@ def task_loss(
     start = F.cross_entropy(out.start_logits, labels["start"])
     end = F.cross_entropy(out.end_logits, labels["end"])
     return (start + end) / 2
+
+
+def model_inputs(
+    adapter: ModelAdapter,
+    batch_mask: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor | None]:
+    """The keyword inputs of a forward pass (token types only for a family that reads them)."""
+    inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, "attention_mask": batch_mask}
+    if token_type_ids is not None and adapter.uses_token_types:
+        inputs["token_type_ids"] = token_type_ids
+    return inputs
 
 
 def classification_logits(
