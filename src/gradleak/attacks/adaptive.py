@@ -47,13 +47,13 @@ from typing import Any
 
 import torch
 
-from gradleak.attacks.distances import TAG_L1_WEIGHT, Distance, make_distance
+from gradleak.attacks.distances import TAG_L1_WEIGHT, Distance, make_distance, unit
 
 SIGN = "sign"
 KEPT_COORDINATES = "kept-coordinates"
 
 
-def _names(defenses: Sequence[Any]) -> list[str]:
+def defense_names(defenses: Sequence[Any]) -> list[str]:
     return [getattr(d, "name", "") for d in defenses]
 
 
@@ -65,7 +65,7 @@ def adaptation_for(defenses: Sequence[Any]) -> str | None:
     after it hides again.
     """
     adaptation = None
-    for name in _names(defenses):
+    for name in defense_names(defenses):
         if name == "sign":
             adaptation = SIGN
         elif name == "prune" and adaptation != SIGN:
@@ -73,16 +73,6 @@ def adaptation_for(defenses: Sequence[Any]) -> str | None:
         elif name == "noise" and adaptation == KEPT_COORDINATES:
             adaptation = None
     return adaptation
-
-
-def signs_hide_null_tensors(defenses: Sequence[Any]) -> bool:
-    """Sign compression sends a gradient that is zero up to rounding (the attention key bias)
-    as full-size +-1 signs, so the received update cannot show which tensors are null."""
-    return "sign" in _names(defenses)
-
-
-def _unit(t: torch.Tensor) -> torch.Tensor:
-    return t / torch.linalg.vector_norm(t).clamp_min(1e-12)
 
 
 def sign_violations(dummy: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -97,7 +87,7 @@ def sign_distance(l1_weight: float = 0.0, normalized: bool = False) -> Distance:
     def distance(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
         terms = []
         for d, t in zip(dummy, target, strict=True):
-            violation = sign_violations(_unit(d) if normalized else d, t)
+            violation = sign_violations(unit(d) if normalized else d, t)
             term = violation.pow(2).sum()
             if l1_weight:
                 term = term + l1_weight * violation.sum()

@@ -92,7 +92,8 @@ DISTANCES: dict[str, Distance] = {
 NORMALIZATIONS = ("none", "tensor")
 
 
-def _unit(t: torch.Tensor) -> torch.Tensor:
+def unit(t: torch.Tensor) -> torch.Tensor:
+    """``t`` scaled to norm 1 (a zero tensor stays zero)."""
     return t / torch.linalg.vector_norm(t).clamp_min(1e-12)
 
 
@@ -114,7 +115,7 @@ def per_tensor(distance: Distance) -> Distance:
     """
 
     def normalized(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
-        terms = [distance([_unit(d)], [_unit(t)]) for d, t in zip(dummy, target, strict=True)]
+        terms = [distance([unit(d)], [unit(t)]) for d, t in zip(dummy, target, strict=True)]
         return torch.stack(terms).mean()
 
     return Distance(normalized)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from gradleak.attacks.adaptive import signs_hide_null_tensors
+from gradleak.attacks.adaptive import SIGN, adaptation_for
 from gradleak.attacks.distances import DISTANCES, Distance, cos_distance, l2_distance, make_distance
 from gradleak.attacks.dummy_loss import PREFIX, TaskLoss, eval_mode
 from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
@@ -139,7 +139,8 @@ class GradientMatcher:
         if not skip_null_targets:
             return keys
         candidates = [specs_by_key[k] for k in keys]
-        hidden = hides_null_tensors(update) or signs_hide_null_tensors(self.knowledge.defenses)
+        signs_only = adaptation_for(self.knowledge.defenses) == SIGN  # +-1 even where null
+        hidden = hides_null_tensors(update) or signs_only
         if hidden and self.knowledge.template_ids is not None:
             reference = self._probe_gradients(candidates)
         else:

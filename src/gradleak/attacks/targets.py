@@ -51,11 +51,6 @@ def as_gradient(update: ClientUpdate, tensors: list[torch.Tensor]) -> list[torch
     return [-t / (steps * lr) for t in tensors]
 
 
-def target_gradients(update: ClientUpdate, keys: list[str]) -> list[torch.Tensor]:
-    """The update's tensors ``keys`` as a gradient (see :func:`as_gradient`)."""
-    return as_gradient(update, [update.tensors[k] for k in keys])
-
-
 def is_token_embedding(spec: TensorSpec | None, gm: GlobalModel) -> bool:
     """The token-embedding table gets no gradient from dummy *embeddings*, so matching it only
     adds a constant; it is left out, as in LAMP (whose target gradient omits it too)."""

@@ -41,7 +41,8 @@ def server_round(
     if combining is None:
         return updates[0]
     combined = combining.combine(updates)
-    return _defended(combined, after, seeds(len(batches))[1])
+    generator = torch.Generator().manual_seed(seeds(len(batches))[1])
+    return apply_update_defenses(combined, after, generator)
 
 
 def client_update(
@@ -53,14 +54,6 @@ def client_update(
     """One client's update on ``batch`` with its own ``defenses``: per-sample ones (DP-SGD)
     inside its steps, per-update ones on the result; (its seed, its defenses' seed)."""
     client_seed, defense_seed = seeds
-    if not defenses:
-        return compute_update(global_model, batch, seed=client_seed)
     generator = torch.Generator().manual_seed(defense_seed)
     update = compute_update(global_model, batch, client_seed, defenses, generator=generator)
     return apply_update_defenses(update, defenses, generator)
-
-
-def _defended(update: ClientUpdate, defenses: Sequence[Defense], seed: int) -> ClientUpdate:
-    if not defenses:
-        return update
-    return apply_update_defenses(update, defenses, torch.Generator().manual_seed(seed))

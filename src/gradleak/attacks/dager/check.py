@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from gradleak.attacks.adaptive import KEPT_COORDINATES, SIGN, adaptation_for
+from gradleak.attacks.adaptive import KEPT_COORDINATES, SIGN, adaptation_for, defense_names
 from gradleak.attacks.base import Plan, Refusal
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
@@ -191,7 +191,7 @@ def defense_refusal(defenses: tuple[Any, ...]) -> Refusal | None:
     adaptation = adaptation_for(defenses)
     if adaptation == SIGN:
         return Refusal(SIGN_REFUSAL)
-    pruned = any(getattr(d, "name", None) == "prune" for d in defenses)
+    pruned = "prune" in defense_names(defenses)
     if pruned and adaptation != KEPT_COORDINATES:
         return Refusal(HIDDEN_PRUNING_REFUSAL)
     return None
@@ -302,10 +302,10 @@ def _check(
         empty = torch.zeros(width, 0, dtype=torch.float64)
         return SpanCheck(SpanBasis(empty, empty.new_zeros(0), width), transform, 0, False)
     span = _span(update, whole, rank_tol, defenses)
-    return SpanCheck(span, transform, rows, _saturated(span, rows, update.kind == "weight_delta"))
+    return SpanCheck(span, transform, rows, _saturated(span, rows))
 
 
-def _saturated(span: SpanBasis, rows: int, whitened: bool) -> bool:
+def _saturated(span: SpanBasis, rows: int) -> bool:
     """Whether ``rows`` distinct gradient rows of span ``span`` are linearly dependent at
     rounding level: more rows than the rank, and the next singular value is rounding (a
     weight delta's spectrum is in units of its rounding noise, see ``_span``)."""
@@ -314,7 +314,7 @@ def _saturated(span: SpanBasis, rows: int, whitened: bool) -> bool:
     rank, s = span.rank, span.singular_values
     if rank == 0 or rank >= rows:
         return False
-    if whitened:  # what white noise of this shape reaches (``span_basis``'s floor)
+    if span.whitened:  # what white noise of this shape reaches (``span_basis``'s floor)
         edge = NOISE_MARGIN * (math.sqrt(rows) + math.sqrt(span.hidden_size))
         return bool(s[rank] <= edge)
     return bool(s[rank] <= SATURATED * s[0])
@@ -354,6 +354,4 @@ def _span(
         noise_std(defenses, b.tensor, rounding_noise(b.weight, steps) if delta else 0.0)
         for b in blocks
     ]
-    if not any(noise):
-        return span_basis(tensors, tensors[0].shape[-1], rank_tol, None)
-    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise)
+    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if any(noise) else None)

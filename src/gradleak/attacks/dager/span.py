@@ -30,6 +30,7 @@ class SpanBasis:
     singular_values: torch.Tensor
     hidden_size: int
     noise_floor: float | None = None  # the rank's cut when it came from a known noise level
+    whitened: bool = False  # blocks divided by their noise: singular values in noise units
 
     @property
     def rank(self) -> int:
@@ -175,7 +176,8 @@ def span_basis(
             floor = None  # a clear drop above the noise: the span is exact, as for a gradient
         else:
             rank = estimate_rank(s, None, floor)
-    return SpanBasis(vh[:rank].T.contiguous(), s, hidden_size, noise_floor=floor)
+    basis = vh[:rank].T.contiguous()
+    return SpanBasis(basis, s, hidden_size, noise_floor=floor, whitened=noise is not None)
 
 
 def gap_threshold(distances: torch.Tensor, fallback: float, max_accept: int) -> float:

@@ -1,7 +1,7 @@
 """The embedding-optimization attacks: one engine (``engine``), their settings (``settings``),
 the attacker's workspace and what they need known (``workspace``, ``labels``)."""
 
-from gradleak.attacks.optimization.engine import SCORE_MEMORY_BYTES, OptimizationAttack, dlg, tag
+from gradleak.attacks.optimization.engine import SCORE_MEMORY_BYTES, OptimizationAttack
 from gradleak.attacks.optimization.labels import (
     MAX_LABEL_ASSIGNMENTS,
     check_optimization_applies,
@@ -36,8 +36,6 @@ __all__ = [
     "Workspace",
     "allowed_token_mask",
     "check_optimization_applies",
-    "dlg",
     "label_assignments",
     "project_to_tokens",
-    "tag",
 ]

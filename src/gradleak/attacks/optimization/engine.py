@@ -39,9 +39,7 @@ from gradleak.attacks.objective import GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
 from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
-    DlgSettings,
     OptimizationSettings,
-    TagSettings,
 )
 from gradleak.attacks.optimization.workspace import (
     DummyBatch,
@@ -350,13 +348,3 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 if prior is not None:
                     sums[b], counts[b] = cand_sums[u], cand_counts[u]
                 accepted[transform_of(k)] += 1
-
-
-def dlg(steps: int = 2500, **overrides: Any) -> OptimizationAttack:
-    """DLG (Zhu et al. 2019) as LAMP runs it: squared L2, Adam lr 0.1 constant, 2500 steps."""
-    return OptimizationAttack(DlgSettings(steps=steps, **overrides))
-
-
-def tag(steps: int = 2500, **overrides: Any) -> OptimizationAttack:
-    """TAG (Deng et al. 2021) as LAMP runs it: L2 + 0.01 L1, Adam lr 0.1 constant, 2500 steps."""
-    return OptimizationAttack(TagSettings(steps=steps, **overrides))
