@@ -33,7 +33,8 @@ Suites:
   defense_compression  Wu et al. Table 2 without LTI: none / sign / prune keep 0.01 / noise
                  0.01 vs TAG and LAMP_cos (adapted losses) and DAGER, MiniLM CoLA B=1.
   defense_dpsgd  Li, Xu & Dras Table 2: DP-SGD clip 1, sigma 0-0.5, vs LAMP_cos (full and
-                 layer 3's q), TAG, DAGER on MiniLM CoLA B=1; epsilon in every record.
+                 layer 3's q), TAG, DAGER on MiniLM SST-2 B=1; epsilon in every record.
+The defense suites run 4 inputs per cell at 400 steps unless --batches / --steps say otherwise.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.
 --limit N fills a table N inputs per cell at a time: the cells stay part-way, --report shows
@@ -69,6 +70,7 @@ CELL_SUITES = {
 }  # tables of ordinary runs
 TIMED_SUITES = {**timing.SUITES, **update_time.SUITES, **dp_step.SUITES}  # measured in-process
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
+DEFAULT_SIZES = {suite: suites_defenses.DEFAULT_SIZE for suite in suites_defenses.SUITES}
 
 
 def main() -> None:
@@ -79,14 +81,19 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="inputs of a cell attacked at once (processes)"
     )
-    parser.add_argument("--batches", type=int, default=20, help="inputs (batches) per cell")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        help="inputs (batches) per cell (default: 20; the defense suites: their DEFAULT_SIZE)",
+    )
     parser.add_argument("--data-dir", default=os.environ.get("GRADLEAK_DATA_DIR"))
     parser.add_argument("--only", help="run only the cells whose name contains this")
     parser.add_argument(
         "--steps",
         type=int,
         help="optimization attacks' step budget instead of their papers' (a reduced table: "
-        "results go to <out>/steps-N so they never mix with full-budget ones)",
+        "results go to <out>/steps-N so they never mix with full-budget ones; the defense "
+        "suites default to their DEFAULT_SIZE's)",
     )
     parser.add_argument(
         "--limit",
@@ -99,14 +106,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    out = args.out / f"steps-{args.steps}" if args.steps else args.out
     for suite in args.suites:
+        size = {"batches": 20, **DEFAULT_SIZES.get(suite, {})}
+        batches = args.batches or size["batches"]
+        steps = args.steps or size.get("steps")
+        out = args.out / f"steps-{steps}" if steps else args.out
         if suite in TIMED_SUITES:
-            TIMED_SUITES[suite](out, args.batches, args.data_dir)
+            TIMED_SUITES[suite](out, batches, args.data_dir)
         else:
-            cells = CELL_SUITES[suite](args.batches, args.data_dir)
-            if args.steps:
-                cells = [(name, with_steps(fields, args.steps)) for name, fields in cells]
+            cells = CELL_SUITES[suite](batches, args.data_dir)
+            if steps:
+                cells = [(name, with_steps(fields, steps)) for name, fields in cells]
             run_suite(out, suite, cells, args.only, args.report, args.limit, args.workers)
 
 
