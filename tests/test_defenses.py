@@ -171,9 +171,16 @@ def test_the_attack_receives_the_defended_update_and_knows_only_public_defenses(
     assert "defenses" not in clean_record.scenario.text
 
 
-def test_dager_sizes_a_public_noise_defense_and_recovers_above_it(monkeypatch, tmp_path):
-    """Knowing sigma, DAGER counts the span's directions above the noise floor; without that
-    knowledge (or with private noise) the noise fills every direction and DAGER refuses."""
+@pytest.mark.parametrize(
+    ("defense", "name"),
+    [("noise:sigma=1e-4", "noise"), ("dpsgd:clip=100,sigma=2e-6", "dpsgd")],  # std 1e-4 at B=2
+)
+def test_dager_sizes_a_public_noise_defense_and_recovers_above_it(
+    monkeypatch, tmp_path, defense, name
+):
+    """Knowing sigma (and DP-SGD's clip), DAGER counts the span's directions above the noise
+    floor; without that knowledge (or with private noise) the noise fills every direction and
+    DAGER refuses."""
     import json
 
     from typer.testing import CliRunner
@@ -184,17 +191,17 @@ def test_dager_sizes_a_public_noise_defense_and_recovers_above_it(monkeypatch, t
     out = tmp_path / "noise.json"
     args = ["attack", "--model", "tiny-llama", "--attack", "dager", "--mode", "eval"]
     args += ["--batch-size", "2", "--out", str(out)]
-    known = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4"])
+    known = CliRunner().invoke(app, [*args, "--defense", defense])
     assert known.exit_code == 0, known.output
     assert True in json.loads(out.read_text())["samples"][0]["exact"]
     out.unlink()
-    hidden = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4,public=false"])
+    hidden = CliRunner().invoke(app, [*args, "--defense", f"{defense},public=false"])
     assert hidden.exit_code == 2
     assert "full rank" in hidden.output and "the client's defense" not in hidden.output
-    monkeypatch.setattr(dager_check, "noise_std", lambda defenses, received, base=0.0: base)
-    unsized = CliRunner().invoke(app, [*args, "--defense", "noise:sigma=1e-4"])
+    monkeypatch.setattr(dager_check, "noise_std", lambda *args, base=0.0, **kwargs: base)
+    unsized = CliRunner().invoke(app, [*args, "--defense", defense])
     assert unsized.exit_code == 2
-    assert "the client's defense (noise) fills every direction" in unsized.output
+    assert f"the client's defense ({name}) fills every direction" in unsized.output
 
 
 def test_noise_std_follows_the_defenses_in_order():

@@ -19,6 +19,7 @@ from gradleak.defenses import (
     DpSgd,
     DpSgdSettings,
     build_defenses,
+    noise_std,
     parse_defenses,
     privacy_facts,
 )
@@ -161,6 +162,8 @@ def test_the_noise_has_std_sigma_clip_over_the_batch_size(tiny_victim):
     expected = 0.3 * 2.0 / 3  # sigma * C / B
     assert noise.std().item() == pytest.approx(expected, rel=0.01)
     assert abs(noise.mean().item()) < 5 * expected / math.sqrt(noise.numel())
+    sized = noise_std([DpSgdSettings(clip=2.0, sigma=0.3)], noise, metadata=noised.metadata)
+    assert sized == pytest.approx(expected)  # what a server that knows the defense expects
     again = private_update(gm, batch, dpsgd(clip=2.0, sigma=0.3), noise_seed=7)
     other = private_update(gm, batch, dpsgd(clip=2.0, sigma=0.3), noise_seed=8)
     for key, tensor in noised.tensors.items():
@@ -247,6 +250,24 @@ def test_fedavg_with_local_batches_steps_privately(tiny_victim):
     assert 0 < norm.item() <= 4 * 0.5 * 0.2 + 1e-5
     facts = defense.facts(gm, 3)
     assert facts["steps"] == 4 and facts["sample_rate"] == pytest.approx(2 / 3)
+
+
+def test_a_fedavg_deltas_noise_is_sized_from_its_local_steps(tiny_victim):
+    """SGD adds each step's noise (sigma C / b per entry) times lr: with a small lr the
+    private delta minus the clean one is that noise alone, and the server sizes it."""
+    victim = tiny_victim("tiny-bert")
+    protocol = Protocol(algorithm="fedavg", epochs=2, local_batch_size=2, lr=1e-3, mode="eval")
+    gm = GlobalModel.build(victim, protocol)
+    batch = encode(victim, EXAMPLES)
+    clean = private_update(gm, batch, dpsgd(clip=2.0, sigma=0.0))
+    noised = private_update(gm, batch, dpsgd(clip=2.0, sigma=0.3), noise_seed=5)
+    noise = torch.cat([(noised.tensors[k] - clean.tensors[k]).flatten() for k in clean.tensors])
+    expected = 1e-3 * 0.3 * 2.0 * math.sqrt(2 * (1 / 2**2 + 1 / 1**2))  # batches of 2 and 1
+    assert noise.std().item() == pytest.approx(expected, rel=0.02)
+    sized = noise_std([DpSgdSettings(clip=2.0, sigma=0.3)], noise, metadata=noised.metadata)
+    assert sized == pytest.approx(expected)
+    summed = {**noised.metadata, "n_samples": 6, "aggregated_clients": 2}
+    assert noise_std([DpSgdSettings(clip=2.0, sigma=0.3)], noise, metadata=summed) == sized
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])

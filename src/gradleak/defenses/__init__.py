@@ -8,7 +8,7 @@ below.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -101,14 +101,17 @@ def clients_of(defenses: Sequence[Defense]) -> int:
 
 
 def noise_std(
-    defenses: Sequence[DefenseSettings], received: torch.Tensor, base: float = 0.0
+    defenses: Sequence[DefenseSettings],
+    received: torch.Tensor,
+    base: float = 0.0,
+    metadata: Mapping[str, Any] | None = None,
 ) -> float:
     """The standard deviation of the random noise per entry of ``received`` that the
     ``defenses`` (settings, in order, as the server's knowledge holds them) put there, on top
-    of ``base`` (e.g. a weight delta's own rounding noise)."""
+    of ``base`` (e.g. a weight delta's own rounding noise); ``metadata``: the update's."""
     variance = base**2
     for settings in defenses:
-        variance = DEFENSES.build(settings).noise_variance(variance, received)
+        variance = DEFENSES.build(settings).noise_variance(variance, received, metadata or {})
     return math.sqrt(variance)
 
 

@@ -14,7 +14,7 @@ names each with its parameters; the server's knowledge holds the ones declared `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
@@ -58,11 +58,14 @@ class Defense(ABC, Generic[SettingsT]):
     def name(self) -> str:
         return self.settings.name
 
-    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+    def noise_variance(
+        self, variance: float, received: torch.Tensor, metadata: Mapping[str, Any]
+    ) -> float:
         """The per-entry variance of the random noise in a tensor after this defense, given
-        ``variance`` before it (``received``: the tensor as the server got it). Lets an
-        attack that knows the public defenses size the noise floor of what it receives; a
-        defense that adds or combines no noise leaves it unchanged."""
+        ``variance`` before it (``received``: the tensor as the server got it; ``metadata``:
+        the round's protocol facts the update carries). Lets an attack that knows the public
+        defenses size the noise floor of what it receives; a defense that adds or combines no
+        noise leaves it unchanged."""
         return variance
 
 

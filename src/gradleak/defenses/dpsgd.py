@@ -25,7 +25,7 @@ Nothing falls back to non-private training: what opacus cannot handle is an erro
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -81,6 +81,30 @@ class DpSgd(SampleDefense[DpSgdSettings]):
         if mode == "auto":
             return "hooks" if tied else "ghost"
         return mode
+
+    def noise_variance(
+        self, variance: float, received: torch.Tensor, metadata: Mapping[str, Any]
+    ) -> float:
+        """Each step's gradient carries N(0, (sigma C)^2) over its batch of b examples:
+        variance (sigma C / b)^2 per entry. FedSGD sends that gradient; an SGD FedAvg delta
+        is -lr times the sum of its steps' gradients, so their variances add, times lr^2.
+        Adam rescales each step by the noise itself: that delta's noise is not sized here
+        (the variance passes unchanged, and an attack sees an unsized spectrum).
+        Under secure aggregation ``n_samples`` is all clients'; each client's is its share."""
+        clients = int(metadata.get("aggregated_clients", 1))
+        n = int(metadata.get("n_samples", 0)) // clients
+        if n < 1 or self.settings.sigma == 0:
+            return variance
+        per_example = (self.settings.sigma * self.settings.clip) ** 2
+        if metadata.get("algorithm", "fedsgd") == "fedsgd":
+            return variance + per_example / n**2
+        if metadata.get("optimizer", "sgd") != "sgd":
+            return variance
+        b = min(int(metadata.get("local_batch_size") or n), n)
+        batches = [b] * (n // b) + ([n % b] if n % b else [])
+        epochs = int(metadata.get("epochs", 1))
+        lr = float(metadata.get("lr", 0.0))
+        return variance + lr**2 * epochs * sum(per_example / size**2 for size in batches)
 
     def attach(self, model: nn.Module, generator: torch.Generator) -> PrivateGradients:
         return _OpacusGradients(self.settings, self.grad_sample_mode(model), model, generator)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -26,7 +27,9 @@ class NoiseSettings(DefenseSettings):
 class GaussianNoise(UpdateDefense[NoiseSettings]):
     """Adds independent N(0, std^2) noise to every entry of every tensor of the update."""
 
-    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+    def noise_variance(
+        self, variance: float, received: torch.Tensor, metadata: Mapping[str, Any]
+    ) -> float:
         sigma = self.settings.sigma
         if not self.settings.relative:
             return variance + sigma**2

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -29,7 +30,9 @@ class SecureAggregation(AcrossClientsDefense[SecAggSettings]):
     def clients(self) -> int:
         return self.settings.clients
 
-    def noise_variance(self, variance: float, received: torch.Tensor) -> float:
+    def noise_variance(
+        self, variance: float, received: torch.Tensor, metadata: Mapping[str, Any]
+    ) -> float:
         """Each client's noise is independent: K of them summed, or averaged."""
         k = self.clients
         return variance * k if self.settings.reduce == "sum" else variance / k

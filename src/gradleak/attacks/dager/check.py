@@ -351,7 +351,9 @@ def _span(
     delta = update.kind == "weight_delta"
     steps = int(update.metadata.get("local_steps", 1))
     noise = [
-        noise_std(defenses, b.tensor, rounding_noise(b.weight, steps) if delta else 0.0)
+        noise_std(
+            defenses, b.tensor, rounding_noise(b.weight, steps) if delta else 0.0, update.metadata
+        )
         for b in blocks
     ]
     return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if any(noise) else None)
