@@ -47,9 +47,10 @@ clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
 
 # `make benchmark SUITES="lamp_main dager_decoder" BATCHES=5`; LAMP's prior and the decoder
-# suites need SmolLM2, hence the dependency.
+# suites need SmolLM2, the plots matplotlib. BATCHES empty: each suite's default size.
 SUITES ?= step_time discrete_round
-BATCHES ?= 20
+BATCHES ?=
 DATA_DIR ?= $(or $(GRADLEAK_DATA_DIR),../shared/datasets)
 benchmark: smollm2
-	$(BIN)/python benchmarks/run.py $(SUITES) --batches $(BATCHES) --data-dir $(DATA_DIR)
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/run.py $(SUITES) $(if $(BATCHES),--batches $(BATCHES)) --data-dir $(DATA_DIR)

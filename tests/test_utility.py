@@ -52,26 +52,37 @@ def keyword_task(tmp_path_factory):
     return folder
 
 
-def run_utility(keyword_task, **options):
+def run_utility(keyword_task, eval_every=1, **options):
     config = config_from_options(
         {"model": "tiny-bert", "dataset": f"file:{keyword_task / 'train.csv'}"}
         | {"protocol": "fedavg", "epochs": 2, "lr": 0.05}
         | options
     )
     settings = UtilitySettings(
-        rounds=4, clients=2, samples=8, eval_dataset=f"file:{keyword_task / 'dev.csv'}"
+        rounds=4,
+        clients=2,
+        samples=8,
+        eval_dataset=f"file:{keyword_task / 'dev.csv'}",
+        eval_every=eval_every,
     )
     return measure_utility(config, settings)
 
 
 def test_fine_tuning_learns_a_separable_task_and_is_deterministic(keyword_task):
     result = run_utility(keyword_task)
-    assert len(result.metrics) == 5
+    assert len(result.metrics) == 5 and result.rounds == [0, 1, 2, 3, 4]
     assert result.metrics[0]["accuracy"] == 50.0  # the untrained head picks one class
     assert result.final["accuracy"] >= 75 and result.final["mcc"] >= 50
     assert run_utility(keyword_task).metrics == result.metrics
     noisy = run_utility(keyword_task, defense="noise:sigma=0.05")
     assert noisy.final["accuracy"] < result.final["accuracy"]  # what the defense costs
+
+
+def test_eval_every_scores_fewer_rounds_of_the_same_fine_tuning(keyword_task):
+    every = run_utility(keyword_task)
+    sparse = run_utility(keyword_task, eval_every=3)
+    assert sparse.rounds == [0, 3, 4]  # every third round, and the last
+    assert sparse.metrics == [every.metrics[r] for r in sparse.rounds]
 
 
 def test_the_server_applies_the_mean_update_to_every_shared_tensor(tiny_victim):

@@ -168,7 +168,7 @@ def utility(**options: Any) -> None:
     table.add_column("round", justify="right")
     for name in result.metrics[0]:
         table.add_column(name, justify="right")
-    for r, values in enumerate(result.metrics):
+    for r, values in zip(result.rounds, result.metrics, strict=True):
         table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
     console.print(table)
     console.print(f"time: {result.seconds:.1f} s")

@@ -50,13 +50,17 @@ class UtilitySettings(BaseModel):
         "validation", description="the scenario dataset's split scored as dev data"
     )
     eval_examples: int = Field(256, ge=1, description="dev examples scored")
+    eval_every: int = Field(
+        1, ge=1, description="score the dev data every N rounds (and after the last)"
+    )
 
 
 @dataclass
 class UtilityResult:
-    """Dev metrics before fine-tuning and after each round (``rounds + 1`` entries)."""
+    """Dev metrics before fine-tuning (round 0) and after the rounds scored."""
 
     task: str
+    rounds: list[int]  # the round after which each entry of ``metrics`` was scored
     metrics: list[dict[str, float]]
     seconds: float
 
@@ -94,7 +98,7 @@ def measure_utility(
     batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
     victim = load_victim(scenario.model, task, seed=config.seed)
     gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
-    metrics = [evaluate_model(gm, task, dev, data.max_tokens)]
+    scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
         updates = []
         for k in range(settings.clients):
@@ -106,10 +110,13 @@ def measure_utility(
             )
             updates.append(client_update(gm, batch, own, seeds))
         apply_mean_update(gm, updates)
-        metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
+        if (r + 1) % settings.eval_every == 0 or r + 1 == settings.rounds:
+            scored.append(r + 1)
+            metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
         if progress:
             progress(r + 1, settings.rounds)
-    return UtilityResult(task=task, metrics=metrics, seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return UtilityResult(task=task, rounds=scored, metrics=metrics, seconds=seconds)
 
 
 def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]:
@@ -196,6 +203,7 @@ def utility_record(
         "config": config.model_dump(mode="json"),
         "utility": settings.model_dump(mode="json"),
         "task": result.task,
+        "rounds": result.rounds,
         "metrics": result.metrics,
         "seconds": result.seconds,
         "versions": versions(),
