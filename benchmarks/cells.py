@@ -186,7 +186,18 @@ def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
         "update s/batch": record["timing"].get("update_s", 0.0) / n,
         "peak MB": max((s.get("peak_rss_mb") or 0 for s in record["samples"]), default=0) or None,
         "failed": len(record["failed_inputs"]),
+        **_epsilon(record["samples"]),
     }
+
+
+def _epsilon(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"epsilon": ...}`` of a DP-SGD cell (each client round's, from its privacy facts;
+    None without noise), ``{}`` for a cell without DP-SGD."""
+    for sample in samples:
+        privacy = (sample.get("info") or {}).get("privacy")
+        if privacy:
+            return {"epsilon": privacy.get("epsilon")}
+    return {}
 
 
 def _finished(path: Path, config: RunConfig) -> dict[str, Any] | None:

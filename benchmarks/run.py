@@ -60,6 +60,8 @@ import suites_lamp  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
 from cells import run_suite  # noqa: E402
+from plots import tradeoff_plot  # noqa: E402
+from utility_cells import run_utility  # noqa: E402
 
 from gradleak.options import attack_options  # noqa: E402
 
@@ -118,6 +120,10 @@ def main() -> None:
             if steps:
                 cells = [(name, with_steps(fields, steps)) for name, fields in cells]
             run_suite(out, suite, cells, args.only, args.report, args.limit, args.workers)
+            if suite in suites_defenses.UTILITY and args.only is None and args.limit is None:
+                run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
+            if suite in suites_defenses.SUITES and (path := tradeoff_plot(out, suite)):
+                print(f"wrote {path}")
 
 
 def with_steps(options: dict, steps: int) -> dict:

@@ -4,24 +4,29 @@ over K clients). The attacks see the defense as public knowledge, as a server wo
 from __future__ import annotations
 
 from cells import Cell, cell
+from utility_cells import UtilityCell, utility_cell
 
 OPTIMIZATION_ATTACKS = ("dlg", "tag", "lamp-cos", "lamp-l2l1")
+
+# The defense settings of each table, by the label its cells end with.
+NOISE = {f"noise{sigma:g}": f"noise:sigma={sigma}" for sigma in (0.001, 0.002, 0.005, 0.01)}
+COMPRESSION = {"none": "none", "sign": "sign", "prune0.01": "prune:keep=0.01",
+               "noise0.01": "noise:sigma=0.01"}  # fmt: skip
+DPSGD = {f"dp{sigma:g}": f"dpsgd:clip=1.0,sigma={sigma},delta=1e-5"
+         for sigma in (0, 0.01, 0.1, 0.3, 0.5)}  # fmt: skip
 
 
 def defense_noise(batches: int, data_dir: str | None) -> list[Cell]:
     """LAMP Table 5: Gaussian noise of sigma 0.001-0.01 on the gradient, MiniLM (LAMP's
     BERT-base stand-in), CoLA B=1, eval-mode client; DAGER beside them."""
     cells = []
-    for sigma in (0.001, 0.002, 0.005, 0.01):
+    for label, defense in NOISE.items():
         for attack in (*OPTIMIZATION_ATTACKS, "dager"):
-            options = {"mode": "eval", "attack": attack, "defense": f"noise:sigma={sigma}"}
+            options = {"mode": "eval", "attack": attack, "defense": defense}
             if attack == "dager":
                 options["known_lengths"] = False
             cells.append(
-                (
-                    f"{attack}-cola-noise{sigma:g}",
-                    cell("minilm", "cola", 1, batches, data_dir, **options),
-                )
+                (f"{attack}-cola-{label}", cell("minilm", "cola", 1, batches, data_dir, **options))
             )
     return cells
 
@@ -46,10 +51,8 @@ def defense_compression(batches: int, data_dir: str | None) -> list[Cell]:
     keep 0.01 (their pruning rate 0.99), noise 0.01; TAG and LAMP_cos with the adapted losses
     the public defense calls for, and DAGER. MiniLM, CoLA B=1, eval-mode client (Wu et al.
     attack a causal GPT-2 on WikiText; the offline stand-ins here are LAMP's setting)."""
-    defenses = {"none": "none", "sign": "sign", "prune0.01": "prune:keep=0.01",
-                "noise0.01": "noise:sigma=0.01"}  # fmt: skip
     cells = []
-    for label, defense in defenses.items():
+    for label, defense in COMPRESSION.items():
         for attack in ("tag", "lamp-cos", "dager"):
             options = {"mode": "eval", "attack": attack, "defense": defense}
             if attack == "dager":
@@ -66,19 +69,18 @@ def defense_dpsgd(batches: int, data_dir: str | None) -> list[Cell]:
     the full update and on layer 3's q alone (each tensor normalized), TAG, and DAGER.
     Epsilon is in every sample's info."""
     cells = []
-    for sigma in (0, 0.01, 0.1, 0.3, 0.5):
-        defense = f"dpsgd:clip=1.0,sigma={sigma},delta=1e-5"
+    for label, defense in DPSGD.items():
         variants = {
             "lamp-cos": {"attack": "lamp-cos"},
             "lamp-cos-L3q": {"attack": "lamp-cos", "match": "3.q", "normalize": "tensor"},
             "tag": {"attack": "tag"},
             "dager": {"attack": "dager", "known_lengths": False},
         }
-        for label, options in variants.items():
+        for variant, options in variants.items():
             options = {"mode": "eval", "defense": defense, **options}
             cells.append(
                 (
-                    f"{label}-sst2-dp{sigma:g}",
+                    f"{variant}-sst2-{label}",
                     cell("minilm", "sst2", 1, batches, data_dir, **options),
                 )
             )
@@ -89,6 +91,43 @@ def defense_dpsgd(batches: int, data_dir: str | None) -> list[Cell]:
 # times 20 inputs per cell would take days on two cores, so these tables run 4 inputs at 400
 # steps, and say so; --batches and --steps choose a larger size.
 DEFAULT_SIZE = {"batches": 4, "steps": 400}
+
+# The fine-tuning that measures each table's utility (``gradleak utility``): FedSGD as the
+# attacked clients run it, in eval mode, the server stepping the mean gradient at lr.
+UTILITY_FINE_TUNING = {"mode": "eval", "lr": 0.02, "rounds": 60, "clients": 4, "samples": 8,
+                       "eval_every": 20, "eval_examples": 256}  # fmt: skip
+
+
+def _utility(dataset: str, data_dir: str | None, defenses: dict[str, str]) -> list[UtilityCell]:
+    every = {"none": "none", **defenses}
+    return [(label, utility_cell("minilm", dataset, data_dir, defense, **UTILITY_FINE_TUNING))
+            for label, defense in every.items()]  # fmt: skip
+
+
+def noise_utility(data_dir: str | None) -> list[UtilityCell]:
+    """MCC on CoLA's dev split after fine-tuning under each noise level (LAMP Table 5's)."""
+    return _utility("cola", data_dir, NOISE)
+
+
+def compression_utility(data_dir: str | None) -> list[UtilityCell]:
+    """CoLA after fine-tuning under each compression. Sign compression fine-tunes with its
+    per-tensor mean-magnitude scale (signSGD at the gradient's step size; a bare sign step of
+    lr per coordinate would wreck the model at any lr tuned for gradients); the attacked
+    update carries no scale, which the sign-aware loss would ignore anyway."""
+    return _utility("cola", data_dir, {**COMPRESSION, "sign": "sign:scale=mean"})
+
+
+def dpsgd_utility(data_dir: str | None) -> list[UtilityCell]:
+    """F1 and MCC on SST-2's dev split after DP fine-tuning (Li, Xu & Dras Table 2b)."""
+    return _utility("sst2", data_dir, DPSGD)
+
+
+# Secure aggregation has none: the server applies the same mean of the same updates.
+UTILITY = {
+    "defense_noise": noise_utility,
+    "defense_compression": compression_utility,
+    "defense_dpsgd": dpsgd_utility,
+}
 
 SUITES = {
     "defense_noise": defense_noise,

@@ -37,7 +37,10 @@ def run_utility(out_dir: Path, suite: str, cells: list[UtilityCell], report: boo
     for label, options in cells:
         config, settings = utility_from_options(options)
         path = out_dir / suite / "utility" / f"{label}.json"
-        record = _finished(path, config.identity(), settings.model_dump(mode="json"))
+        identity, fine_tuning = config.identity(), settings.model_dump(mode="json")
+        record = _finished(path, identity, fine_tuning)
+        for twin in sorted(out_dir.glob("*/utility/*.json")):  # another suite's same cell
+            record = record or _finished(twin, identity, fine_tuning)
         if record is None and not report:
             begun = time.perf_counter()
             result = measure_utility(config, settings)

@@ -1,0 +1,110 @@
+"""Privacy-utility plots of the defense suites: each attack's leakage (strict ROUGE-2 and exact
+matches) against the fine-tuned model's dev metric, against DP-SGD's epsilon, or against the
+number of securely aggregated clients, one point per defense setting.
+
+Reads ``<suite>.json`` (the attack cells) and ``<suite>_utility.json`` where it exists; writes
+``<suite>.png`` next to them. A cell named ``ATTACK-DATASET-LABEL`` is the attack under the
+defense setting ``LABEL``, which is also its utility row's ``defense``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+LEAKAGE = (("R-2 strict", "strict ROUGE-2"), ("exact %", "exact inputs (%)"))
+
+
+def tradeoff_plot(out_dir: Path, suite: str) -> Path | None:
+    """Draw the suite's privacy-utility figure; None when it has no finished rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    cells = _rows(out_dir / f"{suite}.json")
+    if not cells:
+        return None
+    utility = {row["defense"]: row for row in _rows(out_dir / f"{suite}_utility.json")}
+    axes_x = _x_axes(cells, utility)
+    if not axes_x:
+        return None
+    figure, grid = plt.subplots(
+        len(axes_x), len(LEAKAGE), figsize=(5.5 * len(LEAKAGE), 4 * len(axes_x)), squeeze=False
+    )
+    by_attack: dict[str, list[dict[str, Any]]] = {}
+    for row in cells:
+        by_attack.setdefault(_attack(row["cell"]), []).append(row)
+    for (x_label, x_of, log), panels in zip(axes_x, grid, strict=True):
+        for (column, y_label), ax in zip(LEAKAGE, panels, strict=True):
+            for attack, rows in by_attack.items():
+                points = sorted(
+                    (x_of(row), row[column], _label(row["cell"]))
+                    for row in rows
+                    if x_of(row) is not None
+                )
+                if not points:
+                    continue
+                xs, ys, labels = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", label=attack)
+                refused = [(x_of(r), r[column]) for r in rows if _refused(r)]
+                refused = [(x, y) for x, y in refused if x is not None]
+                if refused:  # every input refused: the attack does not apply here
+                    ax.scatter(*zip(*refused, strict=True), marker="x", s=70, color="black",
+                               zorder=3)  # fmt: skip
+                for x, y, label in points:
+                    ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3),
+                                textcoords="offset points")  # fmt: skip
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(y_label)
+            ax.set_ylim(-3, 103)
+            if log:
+                ax.set_xscale("log")
+            ax.grid(alpha=0.3)
+    grid[0][0].legend(fontsize=8)
+    figure.suptitle(f"{suite}: leakage against what the defense costs (x: attack refused)")
+    figure.tight_layout()
+    path = out_dir / f"{suite}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _x_axes(cells: list[dict[str, Any]], utility: dict[str, dict[str, Any]]) -> list[tuple]:
+    """(axis title, row -> x or None, log scale) for every axis the suite's data allows."""
+    axes = []
+    if utility:
+        metric = "mcc" if "mcc" in next(iter(utility.values())) else "perplexity"
+        title = "dev MCC (%) after fine-tuning" if metric == "mcc" else "dev perplexity"
+        axes.append((title, lambda row: utility.get(_label(row["cell"]), {}).get(metric), False))
+    epsilons = {_label(r["cell"]): r["epsilon"] for r in cells if r.get("epsilon") is not None}
+    if epsilons:
+        axes.append(("epsilon (per client round)", lambda row: epsilons.get(_label(row["cell"])),
+                     True))  # fmt: skip
+    if all(re.fullmatch(r"K\d+", _label(r["cell"])) for r in cells):
+        axes.append(("clients summed (K)", lambda row: int(_label(row["cell"])[1:]), True))
+    return axes
+
+
+def _refused(row: dict[str, Any]) -> bool:
+    return row["inputs"] > 0 and row["failed"] == row["inputs"]
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    return [r for r in rows if not any(isinstance(v, float) and math.isnan(v) for v in r.values())]
+
+
+def _label(cell: str) -> str:
+    """The defense setting of ``ATTACK-DATASET-LABEL``."""
+    return cell.rsplit("-", 1)[1]
+
+
+def _attack(cell: str) -> str:
+    """The attack (and its variant) of ``ATTACK-DATASET-LABEL``."""
+    return cell.rsplit("-", 2)[0]
