@@ -16,8 +16,8 @@ from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.protocol import Protocol
 from gradleak.options import config_from_options, utility_from_options
 from gradleak.utility import (
+    ServerStep,
     UtilitySettings,
-    apply_mean_update,
     classification_metrics,
     measure_utility,
 )
@@ -96,7 +96,7 @@ def test_the_server_applies_the_mean_update_to_every_shared_tensor(tiny_victim):
             ClientUpdate(kind, {s.key: torch.randn_like(before[s.key]) for s in gm.specs})
             for _ in range(3)
         ]
-        apply_mean_update(gm, updates)
+        ServerStep(gm).apply(updates)
         for spec in gm.specs:
             mean = sum(u.tensors[spec.key] for u in updates) / 3
             after = spec.take(params[spec.param])
@@ -105,6 +105,24 @@ def test_the_server_applies_the_mean_update_to_every_shared_tensor(tiny_victim):
         k_slice = untouched[:, 64:128]  # the k part is not shared: it must not move
         assert torch.equal(k_slice, dict(victim.model.named_parameters())[
             "transformer.h.0.attn.c_attn.weight"][:, 64:128])  # fmt: skip
+
+
+def test_an_adam_server_steps_each_shared_coordinate_by_lr_first_and_nothing_else(tiny_victim):
+    """FedAdam's first step is lr times the sign of the mean update, coordinate by coordinate
+    (Adam's bias-corrected m / sqrt(v)); what the clients do not share stays as it was."""
+    victim = tiny_victim("tiny-gpt2")
+    gm = GlobalModel.build(victim, Protocol(share="0.qv"))
+    params = dict(gm.model.named_parameters())
+    before = {name: p.detach().clone() for name, p in params.items()}
+    torch.manual_seed(0)
+    update = {s.key: torch.randn_like(s.take(params[s.param])) for s in gm.specs}
+    ServerStep(gm, "adam", lr=0.01).apply([ClientUpdate("gradient", update)])
+    for spec in gm.specs:
+        moved = spec.take(params[spec.param]) - spec.take(before[spec.param])
+        torch.testing.assert_close(moved, -0.01 * update[spec.key].sign(), rtol=1e-4, atol=1e-7)
+    fused = "transformer.h.0.attn.c_attn.weight"
+    assert torch.equal(params[fused][:, 64:128], before[fused][:, 64:128])  # k: not shared
+    assert torch.equal(params["score.weight"], before["score.weight"])  # the head: not shared
 
 
 def test_utility_command_prints_and_writes_the_metrics(keyword_task, tmp_path):

@@ -3,9 +3,11 @@ client code as the attack scenarios, then dev-split metrics.
 
 Each of R rounds samples K clients' private batches (n_k examples each, in LAMP's order of the
 training split, no example used twice), runs every client's round with the scenario's
-protocol and its own defenses (``federated.round.client_update``), and the server applies the
-mean of the updates to the shared tensors: a FedAvg delta is added (server learning rate 1),
-a FedSGD gradient is stepped against with the protocol's learning rate. Classification reports
+protocol and its own defenses (``federated.round.client_update``), and the server steps its
+optimizer with the mean update as the gradient (FedOpt, Reddi et al. 2021): plain SGD by
+default, which adds a FedAvg delta (server learning rate 1) and steps against a FedSGD gradient
+with the protocol's learning rate, or Adam (FedAdam). The server's optimizer does not change
+what a client sends, so it leaves the leakage as it is. Classification reports
 accuracy, F1 of class 1 and Matthews' correlation; causal LM the perplexity of the dev texts.
 """
 
@@ -15,7 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +52,15 @@ class UtilitySettings(BaseModel):
         "validation", description="the scenario dataset's split scored as dev data"
     )
     eval_examples: int = Field(256, ge=1, description="dev examples scored")
+    server_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="the server's optimizer of the mean update: sgd | adam (FedAdam)"
+    )
+    server_lr: float | None = Field(
+        None,
+        gt=0,
+        description="server learning rate (default: 1 on FedAvg deltas, the protocol's lr on "
+        "FedSGD gradients; Adam: 1e-3)",
+    )
     eval_every: int = Field(
         1, ge=1, description="score the dev data every N rounds (and after the last)"
     )
@@ -98,6 +109,7 @@ def measure_utility(
     batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
     victim = load_victim(scenario.model, task, seed=config.seed)
     gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
+    server = ServerStep(gm, settings.server_optimizer, settings.server_lr)
     scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
         updates = []
@@ -109,7 +121,7 @@ def measure_utility(
                 derived_seed(config.seed, j, UTILITY_STREAM + 1),
             )
             updates.append(client_update(gm, batch, own, seeds))
-        apply_mean_update(gm, updates)
+        server.apply(updates)
         if (r + 1) % settings.eval_every == 0 or r + 1 == settings.rounds:
             scored.append(r + 1)
             metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
@@ -132,17 +144,33 @@ def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]
     return dev[: settings.eval_examples]
 
 
-def apply_mean_update(gm: GlobalModel, updates: list[ClientUpdate]) -> None:
-    """The server's step: the mean of the clients' updates applied to the shared tensors."""
-    params = dict(gm.model.named_parameters())
-    with torch.no_grad():
-        for spec in gm.specs:
-            mean = torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
-            target = spec.take(params[spec.param])  # a view: GPT-2's fused q/k/v slices too
-            if updates[0].kind == "weight_delta":
-                target.add_(mean)
-            else:
-                target.add_(mean, alpha=-gm.protocol.lr)
+class ServerStep:
+    """The server's optimizer over the shared tensors, stepped once per round with the mean
+    of the clients' updates as the gradient (a FedAvg delta's negative)."""
+
+    def __init__(self, gm: GlobalModel, optimizer: str = "sgd", lr: float | None = None) -> None:
+        self.gm = gm
+        self.params = dict(gm.model.named_parameters())
+        shared = list({s.param: self.params[s.param] for s in gm.specs}.values())
+        self.optimizer: torch.optim.Optimizer
+        if optimizer == "adam":
+            self.optimizer = torch.optim.Adam(shared, lr=lr or 1e-3)
+        else:
+            default = 1.0 if gm.protocol.algorithm == "fedavg" else gm.protocol.lr
+            self.optimizer = torch.optim.SGD(shared, lr=lr or default)
+
+    def apply(self, updates: list[ClientUpdate]) -> None:
+        """One server step: each shared tensor's gradient is the mean update (a view of its
+        parameter's gradient, so GPT-2's fused q/k/v slices too; the rest of it stays 0)."""
+        sign = -1.0 if updates[0].kind == "weight_delta" else 1.0
+        for param in self.optimizer.param_groups[0]["params"]:
+            param.grad = torch.zeros_like(param)
+        with torch.no_grad():
+            for spec in self.gm.specs:
+                mean = torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
+                spec.take(self.params[spec.param].grad).copy_(sign * mean)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def evaluate_model(
