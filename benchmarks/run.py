@@ -106,6 +106,12 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="run nothing: rebuild the tables from stored results"
     )
+    parser.add_argument(
+        "--utility-only",
+        action="store_true",
+        help="defense suites: run only their utility fine-tunings (the attack cells' table is "
+        "rebuilt from stored results)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for suite in args.suites:
@@ -119,7 +125,8 @@ def main() -> None:
             cells = CELL_SUITES[suite](batches, args.data_dir)
             if steps:
                 cells = [(name, with_steps(fields, steps)) for name, fields in cells]
-            run_suite(out, suite, cells, args.only, args.report, args.limit, args.workers)
+            report = args.report or args.utility_only
+            run_suite(out, suite, cells, args.only, report, args.limit, args.workers)
             if suite in suites_defenses.UTILITY and args.only is None and args.limit is None:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
             if suite in suites_defenses.SUITES and (path := tradeoff_plot(out, suite)):
