@@ -327,6 +327,20 @@ def test_a_run_records_epsilon_and_the_attack_sees_the_noised_gradient(monkeypat
     assert diff.abs().min() > 0
 
 
+def test_a_refused_input_still_records_the_clients_epsilon():
+    """DAGER refuses an update whose DP noise the server does not know (it fills the span);
+    the record still says what the client's round guaranteed."""
+    options = {"model": "tiny-llama", "attack": "dager", "mode": "eval", "batch_size": 2}
+    record = runner.run(
+        config_from_options(options | {"defense": "dpsgd:clip=1,sigma=0.5,public=false"})
+    )
+    (failed,) = record.samples
+    assert failed.failed and "full rank" in failed.error
+    assert failed.info["privacy"]["epsilon"] > 0 and failed.info["privacy"]["delta"] == 0.5
+    plain = runner.run(config_from_options(options | {"batch_size": 16}))  # over the rank
+    assert all(s.failed and s.info == {} for s in plain.samples)  # no DP-SGD: no facts
+
+
 def test_facts_come_only_from_a_per_sample_defense(tiny_victim):
     gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol())
     noise = DEFENSES.settings("noise", sigma=0.1)

@@ -136,17 +136,21 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)
     ]
     del batch  # from here on only the evaluator holds the ground truth (references_ids)
+    # what the client's per-sample defense guarantees (DP-SGD's epsilon) for its n_k
+    privacy = privacy_facts(prepared.defenses, gm, len(prepared.batches[index]))
     attack = prepared.attack
     plan = attack.check(update, knowledge)
     if isinstance(plan, Refusal):  # a limit of this batch (e.g. DAGER's rank): record, go on
-        return {"index": index, "error": plan.reason, "attack_s": 0.0, "update_s": update_s}
+        failed = {"index": index, "error": plan.reason, "attack_s": 0.0, "update_s": update_s}
+        return failed | ({"info": privacy} if privacy else {})
     started = time.perf_counter()
     try:
         seed = derived_seed(config.seed, index, ATTACK_STREAM)
         reconstruction = attack.run(update, knowledge, plan=plan, seed=seed)
     except AttackFailed as exc:
         attack_s = time.perf_counter() - started
-        return {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
+        failed = {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
+        return failed | ({"info": privacy} if privacy else {})
     attack_s = time.perf_counter() - started
     scores = evaluate(
         index,
@@ -161,9 +165,7 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "update_s": update_s,
         "phase_s": reconstruction.seconds,
         "peak_rss_mb": peak_memory_mb(),
-        # what the client's per-sample defense guarantees (DP-SGD's epsilon) for its n_k
-        "info": reconstruction.info
-        | privacy_facts(prepared.defenses, gm, len(prepared.batches[index])),
+        "info": reconstruction.info | privacy,
     }
 
 

@@ -55,6 +55,7 @@ class FailedSample(BaseModel):
     error: str
     attack_s: float = 0.0
     update_s: float | None = None
+    info: dict[str, Any] = Field(default_factory=dict)  # DP-SGD's privacy facts, if any
 
     @property
     def failed(self) -> bool:
