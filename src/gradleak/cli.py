@@ -76,13 +76,13 @@ def print_record(record: Record) -> None:
             f"   paper-compatible: R-1 {p['rouge1']:.1f}  R-2 {p['rouge2']:.1f}  "
             f"R-L {p['rougeL']:.1f}"
         )
-    privacy = next((s.info["privacy"] for s in record.scored if "privacy" in s.info), None)
+    privacy = next((s.info["privacy"] for s in record.samples if "privacy" in s.info), None)
     if privacy is not None:
-        epsilon = privacy.get("epsilon")
+        epsilon, steps = privacy.get("epsilon"), privacy.get("steps")
         shown = "none (see the record's note)" if epsilon is None else f"{epsilon:.3g}"
         console.print(
             f"privacy: epsilon {shown} at delta {privacy.get('delta')} per client round "
-            f"({privacy.get('accountant')} accountant, {privacy.get('steps')} steps)"
+            f"({privacy.get('accountant')} accountant, {steps} step{'' if steps == 1 else 's'})"
         )
     t = record.timing
     console.print(
