@@ -26,7 +26,7 @@ Suites:
                  local batch b = 2, 4, 8 (E=1, lr 1e-4).
   dager_lora     DAGER on SmolLM2 LoRA updates (r = 8, 32, 256), CoLA, B = 1, 4, 16.
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
-  defense_noise  LAMP Table 5: DLG, TAG, LAMP_cos, LAMP_L2+L1 and DAGER on MiniLM, CoLA B=1,
+  defense_noise  LAMP Table 5: TAG, LAMP_cos, LAMP_L2+L1 and DAGER on MiniLM, CoLA B=1,
                  Gaussian noise sigma = 0.001, 0.002, 0.005, 0.01 on the gradient.
   defense_secagg secure aggregation of K = 1, 2, 4, 8 clients: LAMP_cos (MiniLM) and DAGER
                  (SmolLM2) on CoLA, one sentence per client.
@@ -112,6 +112,11 @@ def main() -> None:
         help="defense suites: run only their utility fine-tunings (the attack cells' table is "
         "rebuilt from stored results)",
     )
+    parser.add_argument(
+        "--skip-utility",
+        action="store_true",
+        help="defense suites: run only their attack cells (another process fine-tunes)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for suite in args.suites:
@@ -127,7 +132,8 @@ def main() -> None:
                 cells = [(name, with_steps(fields, steps)) for name, fields in cells]
             report = args.report or args.utility_only
             run_suite(out, suite, cells, args.only, report, args.limit, args.workers)
-            if suite in suites_defenses.UTILITY and args.only is None and args.limit is None:
+            fine_tune = args.only is None and args.limit is None and not args.skip_utility
+            if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
             if suite in suites_defenses.SUITES and (path := tradeoff_plot(out, suite)):
                 print(f"wrote {path}")
