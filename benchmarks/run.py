@@ -60,7 +60,7 @@ import suites_lamp  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
 from cells import run_suite  # noqa: E402
-from plots import tradeoff_plot  # noqa: E402
+from tradeoff import tradeoff_plot, tradeoff_table  # noqa: E402
 from utility_cells import run_utility  # noqa: E402
 
 from gradleak.options import attack_options  # noqa: E402
@@ -135,8 +135,10 @@ def main() -> None:
             fine_tune = args.only is None and args.limit is None and not args.skip_utility
             if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
-            if suite in suites_defenses.SUITES and (path := tradeoff_plot(out, suite)):
-                print(f"wrote {path}")
+            if suite in suites_defenses.SUITES:
+                for path in (tradeoff_table(out, suite), tradeoff_plot(out, suite)):
+                    if path is not None:
+                        print(f"wrote {path}")
 
 
 def with_steps(options: dict, steps: int) -> dict:

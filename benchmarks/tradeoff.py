@@ -1,10 +1,11 @@
-"""Privacy-utility plots of the defense suites: each attack's leakage (strict ROUGE-2 and exact
-matches) against the fine-tuned model's dev metric, against DP-SGD's epsilon, or against the
-number of securely aggregated clients, one point per defense setting.
+"""The privacy-utility trade-off of a defense suite: one table row per defense setting with its
+utility, epsilon and each attack's leakage, and a plot of each attack's leakage (strict ROUGE-2
+and exact matches) against the fine-tuned model's dev metric, against DP-SGD's epsilon, or
+against the number of securely aggregated clients.
 
 Reads ``<suite>.json`` (the attack cells) and ``<suite>_utility.json`` where it exists; writes
-``<suite>.png`` next to them. A cell named ``ATTACK-DATASET-LABEL`` is the attack under the
-defense setting ``LABEL``, which is also its utility row's ``defense``.
+``<suite>_tradeoff.md`` and ``<suite>.png`` next to them. A cell named ``ATTACK-DATASET-LABEL``
+is the attack under the defense setting ``LABEL``, which is also its utility row's ``defense``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,50 @@ def tradeoff_plot(out_dir: Path, suite: str) -> Path | None:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def tradeoff_table(out_dir: Path, suite: str) -> Path | None:
+    """Write ``<suite>_tradeoff.md``: per defense setting, the utility (dev metrics after
+    fine-tuning), epsilon where DP-SGD gives one, and each attack's strict ROUGE-1 / ROUGE-2 /
+    exact %; "refused" where the attack refused every input. None without rows."""
+    cells = _rows(out_dir / f"{suite}.json")
+    if not cells:
+        return None
+    utility = {row["defense"]: row for row in _rows(out_dir / f"{suite}_utility.json")}
+    leakage = {(_attack(r["cell"]), _label(r["cell"])): r for r in cells}
+    labels = list(dict.fromkeys([*utility, *(label for _, label in leakage)]))
+    attacks = list(dict.fromkeys(attack for attack, _ in leakage))
+    metrics = [m for m in ("accuracy", "f1", "mcc", "perplexity")
+               if any(m in row for row in utility.values())]  # fmt: skip
+    epsilons = {_label(r["cell"]): r["epsilon"] for r in cells if "epsilon" in r}
+    header = ["defense", *metrics, *(["epsilon"] if epsilons else []), *attacks]
+    lines = [f"# {suite}: leakage and utility", "",
+             "Utility: dev metrics (%) after fine-tuning under the defense. Leakage: strict "
+             "ROUGE-1 / ROUGE-2 / exact inputs (%) per attack.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
+    for label in labels:
+        row = [label, *(_number(utility.get(label, {}).get(m)) for m in metrics)]
+        if epsilons:
+            row.append(_number(epsilons.get(label)))
+        row += [_leakage(leakage.get((attack, label))) for attack in attacks]
+        lines.append("| " + " | ".join(row) + " |")
+    path = out_dir / f"{suite}_tradeoff.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _leakage(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    if _refused(row):
+        return "refused"
+    return f"{row['R-1 strict']:.1f} / {row['R-2 strict']:.1f} / {row['exact %']:.0f}"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _x_axes(cells: list[dict[str, Any]], utility: dict[str, dict[str, Any]]) -> list[tuple]:
