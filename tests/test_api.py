@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,15 @@ def assert_unchanged(model: torch.nn.Module, before: tuple) -> None:
 
 
 def test_the_cli_and_gradleak_run_give_identical_records(tmp_path):
-    options = {"model": "tiny-bert", "attack": "tag", "steps": 3, "mode": "train",
-               "n_inputs": 2, "batch_size": 2, "seed": 3}  # fmt: skip
+    options = {
+        "model": "tiny-bert",
+        "attack": "tag",
+        "steps": 3,
+        "mode": "train",
+        "n_inputs": 2,
+        "batch_size": 2,
+        "seed": 3,
+    }
     out = tmp_path / "cli.json"
     args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     result = CliRunner().invoke(app, ["attack", *args, "--threads", "1", "--out", str(out)])
@@ -65,8 +73,9 @@ def test_the_cli_and_gradleak_run_give_identical_records(tmp_path):
 
 
 def test_a_config_with_options_over_it(tmp_path):
-    config = config_from_options({"model": "tiny-bert", "attack": "dager", "mode": "eval",
-                                  "encoder_beam": 4})  # fmt: skip
+    config = config_from_options(
+        {"model": "tiny-bert", "attack": "dager", "mode": "eval", "encoder_beam": 4}
+    )
     out = tmp_path / "run.json"
     record = gradleak.run(config, batch_size=2, out=out, progress=False)
     assert record.config.scenario.data.batch_size == 2
@@ -82,8 +91,7 @@ def test_a_config_with_options_over_it(tmp_path):
 def test_run_leaves_torch_global_state_alone_and_sets_threads_only_when_asked():
     torch.manual_seed(1234)
     state, threads = torch.get_rng_state(), torch.get_num_threads()
-    record = gradleak.run(model="tiny-bert", attack="dager", mode="eval", threads=2,
-                          progress=False)  # fmt: skip
+    record = gradleak.run(model="tiny-bert", attack="dager", mode="eval", threads=2, progress=False)
     assert record.torch_threads == 2
     assert torch.equal(torch.get_rng_state(), state) and torch.get_num_threads() == threads
     assert torch.get_default_dtype() == torch.float32
@@ -111,15 +119,22 @@ def test_notices_are_warnings_and_stay_in_the_record(tmp_path):
     data = tmp_path / "notes.jsonl"
     data.write_text('{"text": "my pin is four", "label": 1}\n{"text": "hi there", "label": 0}\n')
     with pytest.warns(gradleak.GradleakNotice, match="label") as caught:
-        record = gradleak.run(model="tiny-bert", dataset=f"file:{data}", label="0",
-                              attack="dager", mode="eval", progress=False)  # fmt: skip
+        record = gradleak.run(
+            model="tiny-bert",
+            dataset=f"file:{data}",
+            label="0",
+            attack="dager",
+            mode="eval",
+            progress=False,
+        )
     notices = [str(w.message) for w in caught if w.category is gradleak.GradleakNotice]
     assert notices == record.notices and len(notices) == 1
 
 
 def test_a_record_as_a_data_frame_has_one_row_per_sample():
-    record = gradleak.run(model="tiny-bert", attack="dager", mode="eval", n_inputs=2,
-                          batch_size=2, progress=False)  # fmt: skip
+    record = gradleak.run(
+        model="tiny-bert", attack="dager", mode="eval", n_inputs=2, batch_size=2, progress=False
+    )
     frame = record.to_frame()
     assert len(frame) == 2 and list(frame["index"]) == [0, 1]
     assert list(frame["strict_exact_match"]) == [
@@ -127,6 +142,23 @@ def test_a_record_as_a_data_frame_has_one_row_per_sample():
     ]
     assert frame.loc[1, "prediction"] == record.samples[1].prediction
     assert {"paper_rouge1", "reference", "exact", "attack_s"} <= set(frame.columns)
+
+
+def test_without_pandas_a_data_frame_is_a_clear_error(monkeypatch):
+    record = gradleak.run(model="tiny-bert", attack="dager", mode="eval", progress=False)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails
+    with pytest.raises(gradleak.MissingDependencyError, match=r"pip install 'gradleak\[pandas\]'"):
+        record.to_frame()
+
+
+def test_progress_can_be_a_function_of_the_inputs_done():
+    calls = []
+
+    def progress(done: int, total: int, sample: dict) -> None:
+        calls.append((done, total, sample["index"]))
+
+    gradleak.run(model="tiny-bert", attack="dager", mode="eval", n_inputs=2, progress=progress)
+    assert calls == [(1, 2, 0), (2, 2, 1)]
 
 
 # --- the steps on the caller's objects -------------------------------------------------------
@@ -160,8 +192,9 @@ def test_dager_recovers_minilm_text_from_a_users_own_training_step():
 
 
 def test_client_update_and_invert_give_what_the_run_gives():
-    record = gradleak.run(model="tiny-bert", attack="dager", mode="eval", batch_size=2,
-                          seed=5, progress=False)  # fmt: skip
+    record = gradleak.run(
+        model="tiny-bert", attack="dager", mode="eval", batch_size=2, seed=5, progress=False
+    )
     sample = record.samples[0]
     model, tokenizer = gradleak.load_model("tiny-bert", seed=5)
     update = gradleak.client_update(
@@ -181,17 +214,37 @@ def test_client_update_leaves_the_callers_model_exactly_as_it_was():
     torch.manual_seed(7)
     state, threads = torch.get_rng_state(), torch.get_num_threads()
     update = gradleak.client_update(
-        model, tokenizer, TEXTS, LABELS, protocol="fedavg", epochs=2, local_batch_size=1,
-        lr=1e-3, lora_rank=4, lora_roles="qkv", dropout=0.2, defenses="noise:sigma=0.01",
-    )  # fmt: skip
+        model,
+        tokenizer,
+        TEXTS,
+        LABELS,
+        protocol="fedavg",
+        epochs=2,
+        local_batch_size=1,
+        lr=1e-3,
+        lora_rank=4,
+        lora_roles="qkv",
+        dropout=0.2,
+        defenses="noise:sigma=0.01",
+    )
     assert update.kind == "weight_delta" and update.n_samples == 2
     assert all("lora_" in name for name in update.tensors)
     assert_unchanged(model, before)
     assert torch.equal(torch.get_rng_state(), state) and torch.get_num_threads() == threads
     again = gradleak.client_update(
-        model, tokenizer, TEXTS, LABELS, protocol="fedavg", epochs=2, local_batch_size=1,
-        lr=1e-3, lora_rank=4, lora_roles="qkv", dropout=0.2, defenses="noise:sigma=0.01",
-    )  # fmt: skip
+        model,
+        tokenizer,
+        TEXTS,
+        LABELS,
+        protocol="fedavg",
+        epochs=2,
+        local_batch_size=1,
+        lr=1e-3,
+        lora_rank=4,
+        lora_roles="qkv",
+        dropout=0.2,
+        defenses="noise:sigma=0.01",
+    )
     assert all(torch.equal(update.tensors[k], again.tensors[k]) for k in update.tensors)
 
 
@@ -215,9 +268,15 @@ def test_a_fedavg_round_from_two_state_dicts_is_the_client_updates_delta():
     user_gradients(trained, tokenizer, TEXTS, LABELS)
     torch.optim.SGD(trained.parameters(), lr=1e-2).step()
     update = gradleak.Update.from_weights(
-        trained, before, trained.state_dict(), epochs=1, local_batch_size=None, lr=1e-2,
-        optimizer="sgd", n_samples=2,
-    )  # fmt: skip
+        trained,
+        before,
+        trained.state_dict(),
+        epochs=1,
+        local_batch_size=None,
+        lr=1e-2,
+        optimizer="sgd",
+        n_samples=2,
+    )
     assert update.tensors.keys() == computed.tensors.keys()
     for name, delta in update.tensors.items():
         torch.testing.assert_close(delta, computed.tensors[name], rtol=1e-4, atol=1e-7)

@@ -16,7 +16,6 @@ Every name below is documented where it is defined; bad input raises ``GradleakE
 __version__ = "0.1.0"
 
 from gradleak.api import (  # noqa: E402  (the modules below read __version__)
-    GradleakNotice,
     Reconstruction,
     client_update,
     invert,
@@ -27,6 +26,7 @@ from gradleak.api import (  # noqa: E402  (the modules below read __version__)
 from gradleak.config import RunConfig  # noqa: E402
 from gradleak.errors import (  # noqa: E402
     GradleakError,
+    GradleakNotice,
     MissingDependencyError,
     OptionError,
     UpdateMismatchError,

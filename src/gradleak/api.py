@@ -30,7 +30,7 @@ from gradleak.attacks import ATTACKS, AttackFailed, AttackSettings, Refusal
 from gradleak.config import RunConfig
 from gradleak.data import Example
 from gradleak.defenses import build_defenses, clients_of, privacy_facts
-from gradleak.errors import GradleakError, OptionError
+from gradleak.errors import GradleakError, GradleakNotice, OptionError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import client_update as one_client_update
 from gradleak.federated.server import server_knowledge
@@ -45,11 +45,6 @@ from gradleak.update import BatchFacts, Known, Update, scenario_of
 # The keyword arguments of run() that are not options of the config (they do not change the
 # result), named in the suggestions for a misspelled option.
 RUN_KEYWORDS = ("out", "progress", "workers", "threads")
-
-
-class GradleakNotice(UserWarning):
-    """Something the run did differently from what was asked, and why (an option ignored);
-    the record's ``notices`` keep the same lines."""
 
 
 def run(

@@ -12,12 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gradleak import api
-from gradleak.api import GradleakNotice
 from gradleak.attacks import ATTACKS
 from gradleak.cli_options import attack_command_parameters, utility_command_parameters
 from gradleak.data import DATASETS, dataset_status
 from gradleak.defenses import DEFENSES
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, GradleakNotice
 from gradleak.global_state import kept_global_state
 from gradleak.models.registry import MODELS, model_status
 from gradleak.options import (

@@ -21,3 +21,8 @@ class UpdateMismatchError(GradleakError):
 
 class MissingDependencyError(GradleakError, ImportError):
     """An optional package that a feature needs is not installed."""
+
+
+class GradleakNotice(UserWarning):
+    """A warning: something a run did differently from what was asked, and why (an option
+    ignored); the record's ``notices`` keep the same lines."""

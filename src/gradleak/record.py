@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from gradleak.config import RunConfig
 from gradleak.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    import pandas
 
 
 class _ReadsLikeDict(BaseModel):
@@ -156,7 +159,7 @@ class Record(BaseModel):
     def load(cls, path: str | Path) -> Record:
         return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pandas.DataFrame:
         """A pandas DataFrame with one row per sample (client update): its texts, exactness,
         ``strict_*`` and ``paper_*`` scores, seconds, and ``error`` for one not attacked.
         Needs pandas (``pip install gradleak[pandas]``)."""
