@@ -15,8 +15,9 @@ they were.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,29 +71,28 @@ def run(
     None: as they are). The same config, seed and threads give the same record on CPU.
     """
     run_config = _merged_config(config, options)
-    with kept_global_state(threads):
-        if progress is True:
-            description = f"{run_config.attack.name} on {run_config.scenario.model}"
-            with progress_bar(description, run_config.scenario.data.n_inputs) as advance:
-                record = runner.run(
-                    run_config,
-                    out=None if out is None else str(out),
-                    progress=lambda done, total, _: advance(done, total),
-                    workers=workers,
-                )
-        else:
-            record = runner.run(
-                run_config,
-                out=None if out is None else str(out),
-                progress=progress or None,
-                workers=workers,
-            )
+    path = None if out is None else str(out)
+    with kept_global_state(threads), _reporter(progress, run_config) as report:
+        record = runner.run(run_config, out=path, progress=report, workers=workers)
     for notice in record.notices:
         warnings.warn(notice, GradleakNotice, stacklevel=2)
     errors = [s.error for s in record.samples if s.failed]
     if errors and len(errors) == len(record.samples):
         warnings.warn(f"no input could be attacked: {errors[0]}", GradleakNotice, stacklevel=2)
     return record
+
+
+@contextlib.contextmanager
+def _reporter(
+    progress: bool | runner.Progress, config: RunConfig
+) -> Iterator[runner.Progress | None]:
+    """The runner's progress callback: a bar (True), none (False), or the caller's own."""
+    if progress is not True:
+        yield progress or None
+        return
+    description = f"{config.attack.name} on {config.scenario.model}"
+    with progress_bar(description, config.scenario.data.n_inputs) as advance:
+        yield lambda done, total, _sample: advance(done, total)
 
 
 def _merged_config(
@@ -296,7 +296,7 @@ def invert(
     with kept_global_state():
         victim = victim_of(model, tokenizer, update.task)
         global_model = GlobalModel.build(victim, update.protocol, seed=update.model_seed)
-        sent = update.client_update(global_model)
+        sent = update.as_received(global_model)
         knowledge = update.knowledge(global_model, known_labels, known_lengths)
         attacker = ATTACKS.build(settings)
         attacker.prepare()

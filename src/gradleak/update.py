@@ -20,7 +20,7 @@ from torch import nn
 from gradleak.config import Scenario
 from gradleak.data import Example
 from gradleak.defenses import DefenseSettings
-from gradleak.errors import GradleakError, UpdateMismatchError
+from gradleak.errors import GradleakError, OptionError, UpdateMismatchError
 from gradleak.federated.client import ClientUpdate, GlobalModel, update_metadata
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import ServerKnowledge, server_knowledge
@@ -63,8 +63,11 @@ class Update:
     """One client's update and the protocol facts the server knows of it.
 
     ``kind`` is ``gradient`` (FedSGD) or ``weight_delta`` (FedAvg: new minus old weights);
-    ``tensors`` are named as the model's parameters (peft's names under LoRA). ``model_seed``
-    drew the global model's LoRA initialization, which the server distributed and so knows.
+    ``tensors`` are named as the model's parameters (peft's names under LoRA); ``protocol``
+    and ``n_samples`` are the round's facts; ``facts``: what the server may be told of the
+    batch (None for an update captured elsewhere); ``defenses``: the client's public ones.
+    ``model_seed`` drew the global model's LoRA initialization, which the server distributed
+    and so knows. ``info``: what a per-sample defense guarantees (DP-SGD's epsilon).
     """
 
     kind: Literal["gradient", "weight_delta"]
@@ -75,7 +78,11 @@ class Update:
     facts: BatchFacts | None = None
     defenses: tuple[DefenseSettings, ...] = ()  # the client's defenses declared public
     model_seed: int = 0
-    info: dict[str, Any] = field(default_factory=dict)  # DP-SGD's epsilon, under "privacy"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_samples is not None and self.n_samples < 1:
+            raise OptionError(f"n_samples must be at least 1, got {self.n_samples}")
 
     @classmethod
     def from_gradients(
@@ -148,18 +155,18 @@ class Update:
                     "state dicts of this model"
                 )
         tensors = {name: (after[name] - before[name]).detach().clone() for name in trainable}
-        options = {"protocol": "fedavg", "epochs": epochs, "local_batch_size": local_batch_size,
-                   "lr": lr, "optimizer": optimizer, "shuffle": shuffle,
-                   "mode": mode or ("train" if model.training else "eval")}  # fmt: skip
+        round_facts = {"epochs": epochs, "local_batch_size": local_batch_size, "lr": lr,
+                       "optimizer": optimizer, "shuffle": shuffle}  # fmt: skip
+        mode = mode or ("train" if model.training else "eval")
         return cls(
             kind="weight_delta",
             tensors=tensors,
             task=task or task_of(model),
-            protocol=protocol_of(options),
+            protocol=protocol_of({"protocol": "fedavg", "mode": mode, **round_facts}),
             n_samples=n_samples,
         )
 
-    def client_update(self, global_model: GlobalModel) -> ClientUpdate:
+    def as_received(self, global_model: GlobalModel) -> ClientUpdate:
         """The update as an attack receives it from the server of ``global_model`` (checked
         against that model: a missing, extra or misshapen tensor is an error that names it)."""
         params = dict(global_model.model.named_parameters())
