@@ -350,9 +350,11 @@ def test_bad_client_input_is_an_error_and_changes_nothing():
         gradleak.client_update(model, tokenizer, TEXTS, mode="test")  # type: ignore[arg-type]
     with pytest.raises(gradleak.GradleakError, match="combines several clients"):
         gradleak.client_update(model, tokenizer, TEXTS, defenses="secagg:clients=2")
+    update = gradleak.client_update(model, tokenizer, TEXTS)
     with pytest.raises(gradleak.OptionError, match="did you mean 'encoder_beam'"):
-        update = gradleak.client_update(model, tokenizer, TEXTS)
         gradleak.invert(update, model, tokenizer, encoder_bem=4)
+    with pytest.raises(gradleak.OptionError, match="'batch_size' is a scenario option"):
+        gradleak.invert(update, model, tokenizer, "tag", batch_size=4)
     assert_unchanged(model, before)
 
 

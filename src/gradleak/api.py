@@ -325,6 +325,11 @@ def _attack_settings(attack: str, settings: Mapping[str, Any]) -> AttackSettings
     table = all_options()
     attack_keys = [name for name, option in table.items() if option.attacks]
     for name in settings:
+        if name in table and name not in attack_keys:
+            raise OptionError(
+                f"'{name}' is a scenario option, not an attack setting: the update's scenario "
+                "is set where it is computed (client_update, run)"
+            )
         if name not in attack_keys:
             raise OptionError(unknown_name(name, attack_keys, "attack setting"))
     return config_from_options({"attack": attack, **settings}).attack
