@@ -71,10 +71,9 @@ def print_record(record: Record) -> None:
     s, p = record.metrics.strict, record.metrics.paper
     if s is not None and p is not None:
         console.print(
-            f"strict: ROUGE-1 {s['rouge1']:.1f}  ROUGE-2 {s['rouge2']:.1f}  ROUGE-L "
-            f"{s['rougeL']:.1f}  token acc {s['token_accuracy']:.1f}  exact {s['exact_match']:.1f}"
-            f"   paper-compatible: R-1 {p['rouge1']:.1f}  R-2 {p['rouge2']:.1f}  "
-            f"R-L {p['rougeL']:.1f}"
+            f"strict: ROUGE-1 {s.rouge1:.1f}  ROUGE-2 {s.rouge2:.1f}  ROUGE-L {s.rougeL:.1f}  "
+            f"token acc {s.token_accuracy:.1f}  exact {s.exact_match:.1f}   paper-compatible: "
+            f"R-1 {p.rouge1:.1f}  R-2 {p.rouge2:.1f}  R-L {p.rougeL:.1f}"
         )
     privacy = next((s.info["privacy"] for s in record.scored if "privacy" in s.info), None)
     if privacy is not None:

@@ -284,6 +284,8 @@ def victim_of(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task: str) -
         raise GradleakError(f"unknown task '{task}': use one of {', '.join(TASKS)}")
     name = getattr(model.config, "name_or_path", "") or type(model).__name__
     model = copy.deepcopy(model)
+    for parameter in model.parameters():
+        parameter.grad = None  # the caller's last backward pass is no part of this model
     adapter = _adapter(name, model)
     if tokenizer.pad_token_id is None:
         tokenizer = copy.deepcopy(tokenizer)
