@@ -127,7 +127,8 @@ def test_a_record_of_the_earlier_flat_config_still_loads():
         {"model": "tiny-bert", "mode": "eval", "batch_size": 2, "lora_rank": 4}
         | {"attack": "lamp-cos", "steps": 3, "prior": "none", "n_init": 2}
     )
-    assert record.metrics == old["metrics"]
+    assert record.metrics.model_dump() == old["metrics"]
+    assert record.metrics.strict.exact_match == old["metrics"]["strict"]["exact_match"]
     assert [s.prediction for s in record.samples] == [s["prediction"] for s in old["samples"]]
     assert record.timing.update_s == 0.0  # not measured then
     # a resumed run compares identities: the old config's is the same run's

@@ -1,3 +1,55 @@
-"""gradleak: how much private text leaks from federated fine-tuning updates."""
+"""gradleak: how much private text leaks from federated fine-tuning updates.
+
+The public API (``gradleak attack`` is made of it)::
+
+    import gradleak
+
+    record = gradleak.run(model="minilm", attack="dager", batch_size=2, mode="eval")
+    model, tokenizer = gradleak.load_model("minilm")
+    update = gradleak.client_update(model, tokenizer, ["a private note"], [1], mode="eval")
+    found = gradleak.invert(update, model, tokenizer, "dager")
+    gradleak.score(["a private note"], found.texts).strict.exact_match
+
+Every name below is documented where it is defined; bad input raises ``GradleakError``.
+"""
 
 __version__ = "0.1.0"
+
+from gradleak.api import (  # noqa: E402  (the modules below read __version__)
+    Reconstruction,
+    client_update,
+    invert,
+    load_model,
+    run,
+    score,
+)
+from gradleak.config import RunConfig  # noqa: E402
+from gradleak.errors import (  # noqa: E402
+    GradleakError,
+    GradleakNotice,
+    MissingDependencyError,
+    OptionError,
+    UpdateMismatchError,
+)
+from gradleak.record import Metrics, Record, load_record  # noqa: E402
+from gradleak.update import Update  # noqa: E402
+
+__all__ = [
+    "GradleakError",
+    "GradleakNotice",
+    "Metrics",
+    "MissingDependencyError",
+    "OptionError",
+    "Reconstruction",
+    "Record",
+    "RunConfig",
+    "Update",
+    "UpdateMismatchError",
+    "__version__",
+    "client_update",
+    "invert",
+    "load_model",
+    "load_record",
+    "run",
+    "score",
+]

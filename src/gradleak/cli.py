@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gradleak import runner
+from gradleak import api
 from gradleak.attacks import ATTACKS
 from gradleak.cli_options import attack_command_parameters, utility_command_parameters
-from gradleak.config import RunConfig
 from gradleak.data import DATASETS, dataset_status
 from gradleak.defenses import DEFENSES
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, GradleakNotice
+from gradleak.global_state import kept_global_state
 from gradleak.models.registry import MODELS, model_status
 from gradleak.options import (
     attack_defaults,
     attack_options,
-    config_from_options,
     utility_from_options,
 )
+from gradleak.progress import progress_bar
 from gradleak.record import Record
 
 app = typer.Typer(
@@ -59,7 +59,7 @@ def print_record(record: Record) -> None:
         if sample.failed:
             table.add_row(str(sample.index), "", f"[red]{sample.error}[/]", "")
             continue
-        r1 = f"{sample.metrics['strict']['rouge1']:.0f}"
+        r1 = f"{sample.metrics.strict.rouge1:.0f}"
         for k, (ref, exact) in enumerate(zip(sample.reference, sample.exact, strict=True)):
             match = sample.matching[k]
             pred = sample.prediction[match] if match is not None else ""
@@ -68,13 +68,12 @@ def print_record(record: Record) -> None:
                 str(sample.index) if k == 0 else "", ref, pred + mark, r1 if k == 0 else ""
             )
     console.print(table)
-    if record.metrics:
-        s, p = record.metrics["strict"], record.metrics["paper"]
+    s, p = record.metrics.strict, record.metrics.paper
+    if s is not None and p is not None:
         console.print(
-            f"strict: ROUGE-1 {s['rouge1']:.1f}  ROUGE-2 {s['rouge2']:.1f}  ROUGE-L "
-            f"{s['rougeL']:.1f}  token acc {s['token_accuracy']:.1f}  exact {s['exact_match']:.1f}"
-            f"   paper-compatible: R-1 {p['rouge1']:.1f}  R-2 {p['rouge2']:.1f}  "
-            f"R-L {p['rougeL']:.1f}"
+            f"strict: ROUGE-1 {s.rouge1:.1f}  ROUGE-2 {s.rouge2:.1f}  ROUGE-L {s.rougeL:.1f}  "
+            f"token acc {s.token_accuracy:.1f}  exact {s.exact_match:.1f}   paper-compatible: "
+            f"R-1 {p.rouge1:.1f}  R-2 {p.rouge2:.1f}  R-L {p.rougeL:.1f}"
         )
     privacy = next((s.info["privacy"] for s in record.samples if "privacy" in s.info), None)
     if privacy is not None:
@@ -91,37 +90,16 @@ def print_record(record: Record) -> None:
     )
 
 
-def run_with_progress(config: RunConfig, out: str | None, workers: int = 1) -> Record:
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        description = f"{config.attack.name} on {config.scenario.model}"
-        task = bar.add_task(description, total=config.scenario.data.n_inputs)
-
-        def advance(done: int, total: int, sample: dict[str, Any]) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return runner.run(config, out=out, progress=advance, workers=workers)
-
-
 def attack(**options: Any) -> None:
     """Attack clients of a federated fine-tuning scenario and report what leaked.
 
     Options come in groups: the scenario (model, data, protocol, defenses, what the server knows), the attack and its own options (`gradleak attacks NAME` lists one attack's with its defaults), and the run.
     """  # noqa: E501  one paragraph: the help reflows it
-    threads = options.pop("threads")
-    workers = options.pop("workers")
-    workers = 1 if workers is None else workers
-    out = options.pop("out")
+    workers, out = options.pop("workers"), options.pop("out")
     try:
-        if threads is not None:
-            _set_threads(threads)
-        config = config_from_options(options)
-        record = run_with_progress(config, out, workers)
+        with warnings.catch_warnings():  # the notices are printed below, with the record
+            warnings.simplefilter("ignore", GradleakNotice)
+            record = api.run(out=out, workers=1 if workers is None else workers, **options)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_record(record)
@@ -138,14 +116,6 @@ attack_command_parameters(attack)
 app.command()(attack)
 
 
-def _set_threads(threads: int) -> None:
-    import torch
-
-    if threads < 1:
-        raise GradleakError("--threads must be at least 1")
-    torch.set_num_threads(threads)
-
-
 def utility(**options: Any) -> None:
     """What the scenario's protocol and defenses cost the model: federated fine-tuning with
     the same clients, then dev-split accuracy, F1 and MCC (classification) or perplexity."""
@@ -153,15 +123,12 @@ def utility(**options: Any) -> None:
 
     threads, out = options.pop("threads"), options.pop("out")
     try:
-        if threads is not None:
-            _set_threads(threads)
         config, settings = utility_from_options(options)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err_console, transient=True) as bar:  # fmt: skip
-            task = bar.add_task("fine-tuning rounds", total=settings.rounds)
-            result = measure_utility(
-                config, settings, lambda done, total: bar.update(task, completed=done)
-            )
+        with (
+            kept_global_state(threads),
+            progress_bar("fine-tuning rounds", settings.rounds) as advance,
+        ):
+            result = measure_utility(config, settings, advance)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"utility of {config.scenario.model} on {config.scenario.data.dataset}")

@@ -2,9 +2,27 @@
 
 Every problem a user can fix (a bad option, missing data, an attack that does not apply) is
 raised as :class:`GradleakError` with one line that names the problem and the fix. The CLI
-prints that line and exits with code 2; library users can catch the exception.
+prints that line and exits with code 2; library users can catch the exception, or one of its
+subclasses where they want to tell kinds of problems apart.
 """
 
 
 class GradleakError(Exception):
     """A problem with the user's input or setup, explained in one line."""
+
+
+class OptionError(GradleakError):
+    """An unknown option or setting name, or an invalid value for one."""
+
+
+class UpdateMismatchError(GradleakError):
+    """An update whose tensors do not fit the model (one missing, extra or misshapen)."""
+
+
+class MissingDependencyError(GradleakError, ImportError):
+    """An optional package that a feature needs is not installed."""
+
+
+class GradleakNotice(UserWarning):
+    """A warning: something a run did differently from what was asked, and why (an option
+    ignored); the record's ``notices`` keep the same lines."""

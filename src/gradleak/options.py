@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from gradleak.attacks import ATTACKS
 from gradleak.config import RunConfig, Scenario
 from gradleak.defenses import format_defenses
-from gradleak.errors import GradleakError
+from gradleak.errors import OptionError
 from gradleak.utility import UtilitySettings
 
 SCENARIO_PANEL = "Scenario"
@@ -189,24 +189,25 @@ def attack_defaults(name: str) -> dict[str, Any]:
 def config_from_options(values: Mapping[str, Any]) -> RunConfig:
     """The config that flat ``values`` describe (keys: option names, with dashes or
     underscores, leading dashes optional; None: not given). Options another attack owns, an
-    unknown option or an invalid value raise ``GradleakError`` with one line."""
+    unknown option or an invalid value raise ``OptionError`` (a ``GradleakError``) with one
+    line."""
     table = all_options()
     given: dict[str, Any] = {}
     for raw, value in values.items():
         key = raw.lstrip("-").replace("-", "_")
         if key not in table:
-            raise GradleakError(_unknown(raw, table))
+            raise OptionError(_unknown(raw, table))
         if value is not None:
             given[key] = value
     attack = str(given.get("attack", DEFAULT_ATTACK))
     if attack not in ATTACKS:
-        raise GradleakError(f"unknown attack '{attack}': use one of {', '.join(ATTACKS.names())}")
+        raise OptionError(f"unknown attack '{attack}': use one of {', '.join(ATTACKS.names())}")
     nested: dict[str, Any] = {}
     for key, value in given.items():
         option = table[key]
         if option.attacks and attack not in option.attacks:
             owners = ", ".join(option.attacks)
-            raise GradleakError(
+            raise OptionError(
                 f"{option.flag} is an option of {owners}, not of {attack}: drop it or choose "
                 f"one of those attacks"
             )
@@ -216,11 +217,11 @@ def config_from_options(values: Mapping[str, Any]) -> RunConfig:
     try:
         nested["attack"] = ATTACKS[attack].settings(**attack_fields)
     except ValidationError as exc:
-        raise GradleakError(_option_error(exc, table, ("attack",))) from None
+        raise OptionError(_option_error(exc, table, ("attack",))) from None
     try:
         return RunConfig.model_validate(nested)
     except ValidationError as exc:
-        raise GradleakError(_option_error(exc, table)) from None
+        raise OptionError(_option_error(exc, table)) from None
 
 
 def options_of(config: RunConfig) -> dict[str, Any]:
@@ -245,7 +246,7 @@ def _check_enabled(given: dict[str, Any], table: dict[str, Option]) -> None:
         parent = table[key].path[:-1]
         enabler = next((o for o in table.values() if o.enables and o.path[:-1] == parent), None)
         if enabler is not None and enabler.key not in given:
-            raise GradleakError(f"{table[key].flag} needs {enabler.flag}")
+            raise OptionError(f"{table[key].flag} needs {enabler.flag}")
 
 
 def _set(target: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -267,6 +268,15 @@ def _unknown(raw: str, table: dict[str, Option], command: str = "attack") -> str
     return f"unknown option {flag}{hint}"
 
 
+def unknown_name(name: str, valid: Iterable[str], what: str = "option") -> str:
+    """The one-line error for a keyword argument that is not an option: it names the closest
+    valid ones (the Python spelling of ``_unknown``'s command-line message)."""
+    close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
+    if not close:
+        return f"unknown {what} '{name}': see gradleak attack --help for the option names"
+    return f"unknown {what} '{name}': did you mean {' or '.join(repr(c) for c in close)}?"
+
+
 def _option_error(
     exc: ValidationError, table: dict[str, Option], prefix: tuple[str, ...] = ()
 ) -> str:
@@ -286,11 +296,11 @@ def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilityS
     given = {k.lstrip("-").replace("-", "_"): v for k, v in values.items() if v is not None}
     for key in given:
         if key not in allowed:
-            raise GradleakError(_unknown(key, allowed, "utility"))
+            raise OptionError(_unknown(key, allowed, "utility"))
     settings = {fine_tuning[k].path[-1]: v for k, v in given.items() if k in fine_tuning}
     try:
         utility = UtilitySettings(**settings)
     except ValidationError as exc:
-        raise GradleakError(_option_error(exc, fine_tuning, ("utility",))) from None
+        raise OptionError(_option_error(exc, fine_tuning, ("utility",))) from None
     config = config_from_options({k: v for k, v in given.items() if k not in fine_tuning})
     return config, utility

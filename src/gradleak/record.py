@@ -6,11 +6,68 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from gradleak.config import RunConfig
+from gradleak.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    import pandas
+
+
+class _ReadsLikeDict(BaseModel):
+    """Fields read as ``model.name`` and, as before these models existed, ``model["name"]``."""
+
+    def __getitem__(self, key: str) -> Any:
+        value = getattr(self, key, None) if key in type(self).model_fields else None
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+class StrictMetrics(_ReadsLikeDict):
+    """Percentages with special tokens removed and predictions matched one-to-one to
+    references (``metrics.strict_scores``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rouge1: float
+    rouge2: float
+    rougeL: float  # rouge_score's name
+    token_accuracy: float
+    exact_match: float
+
+
+class PaperMetrics(_ReadsLikeDict):
+    """ROUGE as the papers' tables compute it (``metrics.paper_scores``), in percent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rouge1: float
+    rouge2: float
+    rougeL: float
+
+
+class Metrics(_ReadsLikeDict):
+    """The strict and paper-compatible means; a section is None (and absent from the JSON)
+    when nothing of that kind was scored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strict: StrictMetrics | None = None
+    paper: PaperMetrics | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sections(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ScenarioLabel(BaseModel):
@@ -33,7 +90,7 @@ class SampleResult(BaseModel):
     prediction: list[str]
     exact: list[bool]
     labels: list[Any]
-    metrics: dict[str, dict[str, float]]  # "strict" and "paper" means over this batch
+    metrics: Metrics  # means over this batch
     matching: list[int | None]  # reference k was paired with prediction matching[k]
     attack_s: float
     update_s: float | None = None  # the client's round on this batch
@@ -73,7 +130,8 @@ class Timing(BaseModel):
 
 class Record(BaseModel):
     """A run's result. ``metrics`` holds ``strict`` and ``paper`` means over the scored
-    inputs (empty when none was scored)."""
+    inputs (both None when none was scored). Fields read along the JSON's shape:
+    ``record.metrics.strict.exact_match``, ``record.samples[0].prediction``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,7 +140,7 @@ class Record(BaseModel):
     task: str
     scenario: ScenarioLabel
     samples: list[SampleResult | FailedSample]
-    metrics: dict[str, dict[str, float]]
+    metrics: Metrics
     failed_inputs: list[int]
     timing: Timing
     versions: dict[str, str]
@@ -101,3 +159,33 @@ class Record(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> Record:
         return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def to_frame(self) -> pandas.DataFrame:
+        """A pandas DataFrame with one row per sample (client update): its texts, exactness,
+        ``strict_*`` and ``paper_*`` scores, seconds, and ``error`` for one not attacked.
+        Needs pandas (``pip install gradleak[pandas]``)."""
+        try:
+            import pandas
+        except ImportError:
+            raise MissingDependencyError(
+                "Record.to_frame needs pandas: pip install 'gradleak[pandas]' (or pandas)"
+            ) from None
+        return pandas.DataFrame([_row(sample) for sample in self.samples])
+
+
+def _row(sample: SampleResult | FailedSample) -> dict[str, Any]:
+    """One sample as a flat table row (the scores of the metrics' sections as columns)."""
+    if isinstance(sample, FailedSample):
+        return sample.model_dump()
+    row = sample.model_dump(exclude={"metrics", "phase_s", "info", "matching"})
+    for section in ("strict", "paper"):
+        scores = sample.metrics.get(section)
+        if scores is not None:
+            row |= {f"{section}_{key}": value for key, value in scores.model_dump().items()}
+    return row
+
+
+def load_record(path: str | Path) -> Record:
+    """The record a run wrote with ``out=`` (or ``--out``); records of earlier versions load
+    too."""
+    return Record.load(path)

@@ -46,6 +46,9 @@ class Reconstruction:
     # Wall seconds of the attack's phases: how it ran, not what it found (a run with the same
     # seed reproduces ``token_ids`` and ``info``, never these).
     seconds: dict[str, float] = field(default_factory=dict)
+    # The objective at every step, for attacks that optimize one (the loss trace of DLG, TAG
+    # and LAMP): a diagnostic for the caller, too long for a record.
+    trace: list[float] = field(default_factory=list)
 
 
 @dataclass

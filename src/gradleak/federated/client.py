@@ -197,16 +197,24 @@ def compute_update(
             for s in global_model.specs
         }
         kind = "weight_delta"
-    n = batch.input_ids.shape[0]
-    metadata = {
+    metadata = update_metadata(global_model, batch.input_ids.shape[0])
+    return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
+
+
+def update_metadata(global_model: GlobalModel, n_samples: int | None) -> dict[str, Any]:
+    """The protocol facts an update of ``n_samples`` examples carries to the server (None:
+    a count a FedSGD sender did not declare; a FedAvg update always declares its n_k)."""
+    protocol = global_model.protocol
+    if n_samples is None and protocol.algorithm == "fedavg":
+        raise ValueError("a FedAvg update declares its number of samples")
+    return {
         "algorithm": protocol.algorithm,
         "mode": protocol.mode,
         "dropout": global_model.adapter.dropout_rate(unwrap(global_model.model)),
-        "n_samples": n,
-        "local_steps": protocol.local_steps(n),
+        "n_samples": n_samples,
+        "local_steps": 1 if n_samples is None else protocol.local_steps(n_samples),
         **protocol.model_dump(mode="json"),
     }
-    return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
 
 
 def _sample_defense(defenses: Sequence[Defense]) -> SampleDefense | None:

@@ -8,6 +8,7 @@ gradient-matching attack differentiates through the gradient) and in float32.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from gradleak.models.sources import (
     smollm2_gguf_dir,
     smollm2_source,
 )
+from gradleak.models.tasks import unwrap
 from gradleak.models.tiny import build_tiny
 
 __all__ = [
@@ -52,6 +54,8 @@ __all__ = [
     "cache_dir",
     "load_victim",
     "model_status",
+    "task_of",
+    "victim_of",
 ]
 
 NUM_LABELS = 2
@@ -235,14 +239,57 @@ def _load_victim(name: str, task: str, seed: int) -> Victim:
         model = build_tiny(name, _AUTO_CLASSES[task], tokenizer, NUM_LABELS)
     else:
         model, tokenizer = _load_pretrained(name, source, task)
+    adapter = _adapter(name, model)
+    _ensure_pad_token(tokenizer, model)
+    model.train()  # the realistic client mode; scenarios switch explicitly
+    return Victim(name=name, model=model, tokenizer=tokenizer, adapter=adapter, task=task)
+
+
+def _adapter(name: str, model: nn.Module) -> ModelAdapter:
     adapter = adapter_for(model.config.model_type)
     if adapter is None:
         raise GradleakError(
             f"model '{name}' is a {model.config.model_type} model; gradleak has adapters for "
             "bert, gpt2, llama and mpnet"
         )
+    return adapter
+
+
+# The head class's name says the task (peft keeps the wrapped model's class underneath).
+_TASK_OF_HEAD = {
+    "ForSequenceClassification": "classification",
+    "ForCausalLM": "causal_lm",
+    "LMHeadModel": "causal_lm",
+    "ForQuestionAnswering": "qa",
+}
+
+
+def task_of(model: nn.Module) -> str:
+    """The task of a transformers model's head (``BertForSequenceClassification``:
+    classification)."""
+    head = type(unwrap(model)).__name__
+    for suffix, task in _TASK_OF_HEAD.items():
+        if head.endswith(suffix):
+            return task
+    raise GradleakError(
+        f"cannot tell the task of a {head}: pass task= classification, causal_lm or qa"
+    )
+
+
+def victim_of(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task: str) -> Victim:
+    """The caller's own model and tokenizer as a victim, on copies: a protocol wraps, freezes
+    or sets dropout in the victim's model, and a decoder's tokenizer gets a pad token, while
+    the caller's objects stay exactly as they were."""
+    if task not in TASKS:
+        raise GradleakError(f"unknown task '{task}': use one of {', '.join(TASKS)}")
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    model = copy.deepcopy(model)
+    for parameter in model.parameters():
+        parameter.grad = None  # the caller's last backward pass is no part of this model
+    adapter = _adapter(name, model)
+    if tokenizer.pad_token_id is None:
+        tokenizer = copy.deepcopy(tokenizer)
     _ensure_pad_token(tokenizer, model)
-    model.train()  # the realistic client mode; scenarios switch explicitly
     return Victim(name=name, model=model, tokenizer=tokenizer, adapter=adapter, task=task)
 
 

@@ -63,6 +63,7 @@ class _Outcome:
     free: torch.Tensor
     best_loss: float
     info: dict[str, Any]
+    trace: list[float]  # the matching loss (with the regularizer) at every step
 
 
 class OptimizationAttack(Attack[OptimizationSettings]):
@@ -189,7 +190,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 "order_reproducible": facts.order_reproducible,
             }
         seconds = info.pop("seconds")
-        return Reconstruction(token_ids=token_ids, info=info, seconds=seconds)
+        return Reconstruction(token_ids=token_ids, info=info, seconds=seconds, trace=outcome.trace)
 
     def _score_chunk(self, matcher: GradientMatcher) -> int:
         """Candidates per vectorized scoring call, within a fixed memory budget."""
@@ -217,6 +218,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         optimizer = torch.optim.Adam([dummy.free], lr=s.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, s.lr_decay_every, gamma=s.lr_decay)
         best_loss, best_free = float("inf"), dummy.free.detach().clone()
+        trace: list[float] = []
         accepted: Counter[str] = Counter()
         rounds = 0
         for step in range(s.steps):
@@ -230,6 +232,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 raise AttackFailed(
                     f"{self.name}: the matching loss became {loss.item()} at step {step}"
                 )
+            trace.append(loss.item())
             if loss.item() <= best_loss:  # the reference keeps the best iterate, not the last
                 best_loss, best_free = loss.item(), dummy.free.detach().clone()
             # Only the dummy embeddings' gradient: backward() would also fill every matched
@@ -253,7 +256,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             info["discrete_rounds"] = rounds
             info["accepted_transforms"] = dict(sorted(accepted.items()))
             info["prior"] = prior.name if prior is not None else NO_PRIOR
-        return _Outcome(free=best_free, best_loss=best_loss, info=info)
+        return _Outcome(free=best_free, best_loss=best_loss, info=info, trace=trace)
 
     def _start(
         self,

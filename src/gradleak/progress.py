@@ -1,0 +1,23 @@
+"""The progress bar of a run: rich, on stderr, and a live widget in Jupyter (rich detects
+the notebook itself)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+# update(done, total): called as steps finish
+Advance = Callable[[int, int], None]
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Advance]:
+    """A bar for ``total`` steps, gone when the block ends (the result is what stays)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
