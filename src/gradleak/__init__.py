@@ -10,6 +10,10 @@ The public API (``gradleak attack`` is made of it)::
     found = gradleak.invert(update, model, tokenizer, "dager")
     gradleak.score(["a private note"], found.texts).strict.exact_match
 
+Your own attack or defense subclasses ``Attack`` or ``Defense`` (``gradleak.defenses`` has
+the stage classes) and is registered with ``register_attack`` / ``register_defense``, or, from
+an installed package, through the entry points ``gradleak.attacks`` / ``gradleak.defenses``.
+
 Every name below is documented where it is defined; bad input raises ``GradleakError``.
 """
 
@@ -23,7 +27,9 @@ from gradleak.api import (  # noqa: E402  (the modules below read __version__)
     run,
     score,
 )
+from gradleak.attacks import Attack, AttackSettings  # noqa: E402
 from gradleak.config import RunConfig  # noqa: E402
+from gradleak.defenses import Defense, DefenseSettings  # noqa: E402
 from gradleak.errors import (  # noqa: E402
     GradleakError,
     GradleakNotice,
@@ -31,10 +37,15 @@ from gradleak.errors import (  # noqa: E402
     OptionError,
     UpdateMismatchError,
 )
+from gradleak.extend import register_attack, register_defense  # noqa: E402
 from gradleak.record import Metrics, Record, load_record  # noqa: E402
 from gradleak.update import Update  # noqa: E402
 
 __all__ = [
+    "Attack",
+    "AttackSettings",
+    "Defense",
+    "DefenseSettings",
     "GradleakError",
     "GradleakNotice",
     "Metrics",
@@ -50,6 +61,8 @@ __all__ = [
     "invert",
     "load_model",
     "load_record",
+    "register_attack",
+    "register_defense",
     "run",
     "score",
 ]

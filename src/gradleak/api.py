@@ -37,15 +37,17 @@ from gradleak.federated.round import client_update as one_client_update
 from gradleak.federated.server import server_knowledge
 from gradleak.global_state import kept_global_state
 from gradleak.models.registry import load_victim, task_of, victim_of
-from gradleak.options import all_options, config_from_options, options_of, unknown_name
+from gradleak.options import (
+    RUN_KEYWORDS,
+    all_options,
+    config_from_options,
+    options_of,
+    unknown_name,
+)
 from gradleak.progress import progress_bar
 from gradleak.recipe import ATTACK_STREAM, CLIENT_STREAM, DEFENSE_STREAM, derived_seed
 from gradleak.record import Metrics, Record
 from gradleak.update import BatchFacts, Known, Update, scenario_of
-
-# The keyword arguments of run() that are not options of the config (they do not change the
-# result), named in the suggestions for a misspelled option.
-RUN_KEYWORDS = ("out", "progress", "workers", "threads")
 
 
 def run(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -16,7 +19,7 @@ from gradleak.attacks import ATTACKS
 from gradleak.cli_options import attack_command_parameters, utility_command_parameters
 from gradleak.data import DATASETS, dataset_status
 from gradleak.defenses import DEFENSES
-from gradleak.errors import GradleakError, GradleakNotice
+from gradleak.errors import GradleakError, GradleakNotice, PluginWarning
 from gradleak.global_state import kept_global_state
 from gradleak.models.registry import MODELS, model_status
 from gradleak.options import (
@@ -112,7 +115,37 @@ def attack(**options: Any) -> None:
         raise fail(errors[0])  # nothing could be attacked: say why in one line
 
 
-attack_command_parameters(attack)
+@contextlib.contextmanager
+def plugins_reported() -> Iterator[None]:
+    """Installed plugins load when the commands' options are built, before any command runs:
+    each one skipped is a warning line; a name clash is an error line and exit code 2."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginWarning)
+        try:
+            yield
+        except GradleakError as exc:
+            fail(str(exc))
+            sys.exit(2)
+    for warning in caught:
+        if issubclass(warning.category, PluginWarning):
+            err_console.print(f"[yellow]warning:[/] {warning.message}", highlight=False,
+                              soft_wrap=True)  # fmt: skip
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)  # fmt: skip
+
+
+def regenerate_attack_options() -> None:
+    """Follow the registered attacks (one registered in this process later, a notebook's or a
+    test's, gets its options too). A plugin's name clash is raised again where an attack is
+    asked for, not here."""
+    with contextlib.suppress(GradleakError):
+        attack_command_parameters(attack)
+
+
+with plugins_reported():
+    attack_command_parameters(attack)
+ATTACKS.watch(regenerate_attack_options)
 app.command()(attack)
 
 
@@ -156,10 +189,10 @@ def attacks(
     """List the attacks, or one attack's options with its defaults."""
     if name is None:
         table = Table(title="attacks")
-        for column in ("name", "description"):
+        for column in ("name", "from", "description"):
             table.add_column(column)
         for entry in ATTACKS.entries():
-            table.add_row(entry.name, entry.description)
+            table.add_row(entry.name, str(entry.origin), entry.description)
         console.print(table)
         console.print("`gradleak attacks NAME` lists an attack's options and defaults.")
         return
@@ -168,7 +201,7 @@ def attacks(
         defaults = attack_defaults(name)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    table = Table(title=f"{name}: {entry.description}")
+    table = Table(title=f"{name}: {entry.description}", caption=f"from {entry.origin}")
     for column in ("option", "default", "meaning"):
         table.add_column(column)
     for option in attack_options():
@@ -184,7 +217,8 @@ def defenses() -> None:
     for column in ("name", "parameter", "default", "meaning"):
         table.add_column(column)
     for entry in DEFENSES.entries():
-        table.add_row(entry.name, "", "", entry.description)
+        origin = "" if entry.origin.source == "built-in" else f" (from {entry.origin})"
+        table.add_row(entry.name, "", "", entry.description + origin)
         for field, info in entry.settings.model_fields.items():
             if field == "name":
                 continue

@@ -26,3 +26,8 @@ class MissingDependencyError(GradleakError, ImportError):
 class GradleakNotice(UserWarning):
     """A warning: something a run did differently from what was asked, and why (an option
     ignored); the record's ``notices`` keep the same lines."""
+
+
+class PluginWarning(UserWarning):
+    """An installed plugin (an entry point of ``gradleak.attacks`` or ``gradleak.defenses``)
+    that could not be loaded: it is skipped, and asking for it by name says why."""

@@ -15,7 +15,7 @@ import types
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -24,13 +24,16 @@ from pydantic.fields import FieldInfo
 from gradleak.attacks import ATTACKS
 from gradleak.config import RunConfig, Scenario
 from gradleak.defenses import format_defenses
-from gradleak.errors import OptionError
+from gradleak.errors import GradleakError, OptionError
 from gradleak.utility import UtilitySettings
 
 SCENARIO_PANEL = "Scenario"
 RUN_PANEL = "Run"
 UTILITY_PANEL = "Fine-tuning"
 DEFAULT_ATTACK = "tag"
+# The keyword arguments of gradleak.run (and options of gradleak attack) that are not options
+# of the config: they do not change the result.
+RUN_KEYWORDS = ("out", "progress", "workers", "threads")
 
 
 @dataclass(frozen=True)
@@ -135,15 +138,18 @@ def attack_panel(attacks: tuple[str, ...]) -> str:
     return f"Attack options ({', '.join(attacks)})"
 
 
-@cache
 def attack_options() -> tuple[Option, ...]:
     """``--attack`` and every registered attack's options, each once, with the attacks that
-    declare it."""
+    declare it (rebuilt when an attack is registered)."""
+    return _attack_options(ATTACKS.revision)
+
+
+@lru_cache(maxsize=1)
+def _attack_options(revision: int) -> tuple[Option, ...]:
     owners: dict[str, list[str]] = {}
     first: dict[str, Option] = {}
     for entry in ATTACKS.entries():
-        for path, info, _ in _walk(entry.settings, ("attack",), None):
-            option = _option(path, info, None, "")
+        for option in _declared_options(entry.settings):
             if option.flag in first and first[option.flag].path != option.path:
                 raise TypeError(f"{option.flag} names two different attack settings")
             first.setdefault(option.flag, option)
@@ -165,8 +171,35 @@ def attack_options() -> tuple[Option, ...]:
     return tuple(options)
 
 
-@cache
+def _declared_options(settings: type[BaseModel]) -> list[Option]:
+    """The options one attack's settings model declares."""
+    return [_option(path, info, None, "") for path, info, _ in _walk(settings, ("attack",), None)]
+
+
+def option_conflict(settings: type[BaseModel], others: list[type[BaseModel]]) -> str | None:
+    """Why a new attack's ``settings`` cannot join the registered attacks' (``others``): one
+    of its options would take a scenario or run option's flag, or another attack's flag for a
+    different setting. None when it fits."""
+    taken = {o.flag for o in scenario_options()} | {f"--{k}" for k in ("attack", *RUN_KEYWORDS)}
+    theirs = {o.flag: o.path for other in others for o in _declared_options(other)}
+    for option in _declared_options(settings):
+        field = option.path[-1]
+        if option.flag in taken or theirs.get(option.flag, option.path) != option.path:
+            return (
+                f"its setting {field} would take the option {option.flag}, which another "
+                f"setting has: declare it as Field(..., json_schema_extra={{'option': "
+                f"'--{settings.model_fields['name'].default}-{field.replace('_', '-')}'}})"
+            )
+    return None
+
+
 def all_options() -> dict[str, Option]:
+    """Every option by key (rebuilt when an attack is registered)."""
+    return _all_options(ATTACKS.revision)
+
+
+@lru_cache(maxsize=1)
+def _all_options(revision: int) -> dict[str, Option]:
     """Every option by key; a flag declared twice is a programming error."""
     table: dict[str, Option] = {}
     for option in (*scenario_options(), *attack_options()):
@@ -200,8 +233,10 @@ def config_from_options(values: Mapping[str, Any]) -> RunConfig:
         if value is not None:
             given[key] = value
     attack = str(given.get("attack", DEFAULT_ATTACK))
-    if attack not in ATTACKS:
-        raise OptionError(f"unknown attack '{attack}': use one of {', '.join(ATTACKS.names())}")
+    try:
+        ATTACKS[attack]
+    except GradleakError as exc:  # unknown, or a plugin that failed to load: says which
+        raise OptionError(str(exc)) from None
     nested: dict[str, Any] = {}
     for key, value in given.items():
         option = table[key]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from gradleak.config import RunConfig
 from gradleak.errors import MissingDependencyError
+from gradleak.plugins import Origin
 
 if TYPE_CHECKING:
     import pandas
@@ -128,6 +129,16 @@ class Timing(BaseModel):
     load_s: float
 
 
+class Provenance(BaseModel):
+    """Which package (and version) the run's attack and each of its defenses came from:
+    gradleak's own, an installed plugin's, or the module that registered it at run time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attack: Origin
+    defenses: dict[str, Origin] = Field(default_factory=dict)  # by defense name
+
+
 class Record(BaseModel):
     """A run's result. ``metrics`` holds ``strict`` and ``paper`` means over the scored
     inputs (both None when none was scored). Fields read along the JSON's shape:
@@ -148,6 +159,7 @@ class Record(BaseModel):
     torch_threads: int  # of each process that attacked
     workers: int = 1
     notices: list[str] = Field(default_factory=list)  # options ignored, and why
+    provenance: Provenance | None = None  # None in records written before it was recorded
 
     @property
     def scored(self) -> list[SampleResult]:

@@ -14,11 +14,13 @@ from typing import Any
 import torch
 
 from gradleak import __version__, metrics
+from gradleak.attacks import ATTACKS
 from gradleak.config import RunConfig
+from gradleak.defenses import DEFENSES
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
 from gradleak.recipe import Prepared, attack_input, describe_scenario, prepare
-from gradleak.record import Record
+from gradleak.record import Provenance, Record
 from gradleak.store import ResultStore
 
 # Called after every finished input: (inputs done, inputs wanted, the stored sample).
@@ -57,7 +59,9 @@ def run(
             progress(count, len(wanted), done[index])
     parallel = workers > 1 and len(pending) > 1
     threads = worker_threads(workers) if parallel else torch.get_num_threads()
-    if parallel:  # each worker loads its own prior: this process's copy would only hold memory
+    if parallel:
+        check_workers_can_build(config)
+        # each worker loads its own prior: this process's copy would only hold memory
         prepared.attack.release()
         new_samples = attack_in_workers(config, pending, workers)
     else:
@@ -115,6 +119,15 @@ def build_record(
         torch_threads=threads,
         workers=workers,
         notices=prepared.notices,
+        provenance=provenance(config),
+    )
+
+
+def provenance(config: RunConfig) -> Provenance:
+    """Where the config's attack and defenses come from (package and version)."""
+    return Provenance(
+        attack=ATTACKS.origin(config.attack.name),
+        defenses={d.name: DEFENSES.origin(d.name) for d in config.scenario.defenses},
     )
 
 
@@ -142,6 +155,18 @@ def public_sample(sample: dict[str, Any]) -> dict[str, Any]:
 # two inputs finish a table sooner than one 2-thread process. Each input's seeds derive from
 # its index, so results do not depend on which worker ran it; they can differ from a run with
 # another thread count per process in the last float bits (reduction order).
+
+
+def check_workers_can_build(config: RunConfig) -> None:
+    """A worker process finds built-in and installed attacks and defenses by name, but not
+    one registered at run time in this process: say so before starting any."""
+    origins = provenance(config)
+    for name, origin in ((config.attack.name, origins.attack), *origins.defenses.items()):
+        if origin.source == "run time":
+            raise GradleakError(
+                f"{name} was registered at run time, and worker processes cannot see it: use "
+                "workers=1, or install it as a plugin (docs/extending.md)"
+            )
 
 
 def worker_threads(workers: int) -> int:

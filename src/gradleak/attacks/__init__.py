@@ -1,12 +1,16 @@
 """Attacks by name. Each takes a client update and the server's knowledge, never the batch.
 
 Adding an attack: a module with its settings model (a subclass of ``AttackSettings``) and its
-class (a subclass of ``Attack``), and one ``ATTACKS.register`` line below.
+class (a subclass of ``Attack``), and one ``ATTACKS.register`` line below. Other packages add
+theirs through the entry-point group ``gradleak.attacks`` (docs/extending.md), a notebook
+with ``gradleak.register_attack``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from pydantic import BaseModel
 
 from gradleak.attacks.base import (
     Attack,
@@ -25,9 +29,19 @@ from gradleak.attacks.optimization import (
     OptimizationSettings,
     TagSettings,
 )
-from gradleak.registry import Registry
+from gradleak.registry import Entry, Registry
 
-ATTACKS: Registry[AttackSettings] = Registry("attack")
+
+def _option_conflict(settings: type[BaseModel], registered: list[Entry[Any]]) -> str | None:
+    """Whether a new attack's options collide with the scenario's or another attack's."""
+    from gradleak.options import option_conflict  # the options are built from this registry
+
+    return option_conflict(settings, [entry.settings for entry in registered])
+
+
+ATTACKS: Registry[AttackSettings] = Registry(
+    "attack", "gradleak.attacks", Attack, AttackSettings, check=_option_conflict
+)
 ATTACKS.register(OptimizationAttack, DlgSettings)
 ATTACKS.register(OptimizationAttack, TagSettings)
 ATTACKS.register(OptimizationAttack, LampCosSettings)

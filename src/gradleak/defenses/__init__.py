@@ -2,7 +2,8 @@
 
 Adding a defense: a module with its settings model (a subclass of ``DefenseSettings``) and its
 class (a subclass of one of the stage classes in ``base``), and one ``DEFENSES.register`` line
-below.
+below. Other packages add theirs through the entry-point group ``gradleak.defenses``
+(docs/extending.md), a notebook with ``gradleak.register_defense``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.registry import Registry
 
-DEFENSES: Registry[DefenseSettings] = Registry("defense")
+DEFENSES: Registry[DefenseSettings] = Registry(
+    "defense", "gradleak.defenses", Defense, DefenseSettings
+)
 DEFENSES.register(GaussianNoise, NoiseSettings)
 DEFENSES.register(TopKPruning, PruneSettings)
 DEFENSES.register(SignCompression, SignSettings)
