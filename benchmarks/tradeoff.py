@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+MARKERS = ("o", "s", "^", "D", "v", "P")  # tell apart attacks whose points coincide
 LEAKAGE = (("R-2 strict", "strict ROUGE-2"), ("exact %", "exact inputs (%)"))
 
 
@@ -41,7 +42,7 @@ def tradeoff_plot(out_dir: Path, suite: str) -> Path | None:
         by_attack.setdefault(_attack(row["cell"]), []).append(row)
     for (x_label, x_of, log), panels in zip(axes_x, grid, strict=True):
         for (column, y_label), ax in zip(LEAKAGE, panels, strict=True):
-            for attack, rows in by_attack.items():
+            for (attack, rows), marker in zip(by_attack.items(), MARKERS * 4, strict=False):
                 points = sorted(
                     (x_of(row), row[column], _label(row["cell"]))
                     for row in rows
@@ -50,7 +51,7 @@ def tradeoff_plot(out_dir: Path, suite: str) -> Path | None:
                 if not points:
                     continue
                 xs, ys, labels = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", label=attack)
+                ax.plot(xs, ys, marker=marker, markersize=7, alpha=0.8, label=attack)
                 refused = [(x_of(r), r[column]) for r in rows if _refused(r)]
                 refused = [(x, y) for x, y in refused if x is not None]
                 if refused:  # every input refused: the attack does not apply here
