@@ -29,15 +29,15 @@ demo: install
 	$(BIN)/gradleak demo
 
 lint: install-dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 test: lint
 	$(BIN)/python -m pytest -rs tests
 
 format: install-dev
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples
 
 # `--model smollm2` and LAMP's default prior need it (`make test` installs it too).
 smollm2: install
