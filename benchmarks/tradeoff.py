@@ -86,6 +86,7 @@ def tradeoff_table(out_dir: Path, suite: str) -> Path | None:
     leakage = {(_attack(r["cell"]), _label(r["cell"])): r for r in cells}
     labels = list(dict.fromkeys([*utility, *(label for _, label in leakage)]))
     attacks = list(dict.fromkeys(attack for attack, _ in leakage))
+    most = max(r["inputs"] for r in cells)  # a cell with fewer is still part-way
     metrics = [m for m in ("accuracy", "f1", "mcc", "perplexity")
                if any(m in row for row in utility.values())]  # fmt: skip
     epsilons = {_label(r["cell"]): r["epsilon"] for r in cells if "epsilon" in r}
@@ -98,19 +99,22 @@ def tradeoff_table(out_dir: Path, suite: str) -> Path | None:
         row = [label, *(_number(utility.get(label, {}).get(m)) for m in metrics)]
         if epsilons:
             row.append(_number(epsilons.get(label)))
-        row += [_leakage(leakage.get((attack, label))) for attack in attacks]
+        row += [_leakage(leakage.get((attack, label)), most) for attack in attacks]
         lines.append("| " + " | ".join(row) + " |")
     path = out_dir / f"{suite}_tradeoff.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-def _leakage(row: dict[str, Any] | None) -> str:
+def _leakage(row: dict[str, Any] | None, most: int) -> str:
+    """A cell's strict R-1 / R-2 / exact %, with its number of inputs when it has fewer than
+    the suite's fullest cell (a part-way cell)."""
     if row is None:
         return "–"
     if _refused(row):
         return "refused"
-    return f"{row['R-1 strict']:.1f} / {row['R-2 strict']:.1f} / {row['exact %']:.0f}"
+    text = f"{row['R-1 strict']:.1f} / {row['R-2 strict']:.1f} / {row['exact %']:.0f}"
+    return text + (f" (n={row['inputs']})" if row["inputs"] < most else "")
 
 
 def _number(value: Any) -> str:
