@@ -14,13 +14,14 @@ DPSGD = {f"dp{sigma:g}": f"dpsgd:clip=1.0,sigma={sigma},delta=1e-5"
          for sigma in (0, 0.01, 0.1, 0.3, 0.5)}  # fmt: skip
 
 
-def defense_noise(batches: int, data_dir: str | None) -> list[Cell]:
-    """LAMP Table 5: Gaussian noise of sigma 0.001-0.01 on the gradient, MiniLM (LAMP's
-    BERT-base stand-in), CoLA B=1, eval-mode client; TAG, both LAMPs and DAGER (LAMP's table
-    has DLG too, which trails TAG everywhere; left out to keep the suite within an hour)."""
+def _cola_grid(
+    batches: int, data_dir: str | None, defenses: dict[str, str], attacks: tuple[str, ...]
+) -> list[Cell]:
+    """Each attack under each defense setting, MiniLM, CoLA B=1, eval-mode client (DAGER
+    without known lengths); cells named ``ATTACK-cola-LABEL``."""
     cells = []
-    for label, defense in NOISE.items():
-        for attack in ("tag", "lamp-cos", "lamp-l2l1", "dager"):
+    for label, defense in defenses.items():
+        for attack in attacks:
             options = {"mode": "eval", "attack": attack, "defense": defense}
             if attack == "dager":
                 options["known_lengths"] = False
@@ -28,6 +29,13 @@ def defense_noise(batches: int, data_dir: str | None) -> list[Cell]:
                 (f"{attack}-cola-{label}", cell("minilm", "cola", 1, batches, data_dir, **options))
             )
     return cells
+
+
+def defense_noise(batches: int, data_dir: str | None) -> list[Cell]:
+    """LAMP Table 5: Gaussian noise of sigma 0.001-0.01 on the gradient, MiniLM (LAMP's
+    BERT-base stand-in), CoLA B=1, eval-mode client; TAG, both LAMPs and DAGER (LAMP's table
+    has DLG too, which trails TAG everywhere; left out to keep the suite within an hour)."""
+    return _cola_grid(batches, data_dir, NOISE, ("tag", "lamp-cos", "lamp-l2l1", "dager"))
 
 
 def defense_secagg(batches: int, data_dir: str | None) -> list[Cell]:
@@ -50,16 +58,7 @@ def defense_compression(batches: int, data_dir: str | None) -> list[Cell]:
     keep 0.01 (their pruning rate 0.99), noise 0.01; TAG and LAMP_cos with the adapted losses
     the public defense calls for, and DAGER. MiniLM, CoLA B=1, eval-mode client (Wu et al.
     attack a causal GPT-2 on WikiText; the offline stand-ins here are LAMP's setting)."""
-    cells = []
-    for label, defense in COMPRESSION.items():
-        for attack in ("tag", "lamp-cos", "dager"):
-            options = {"mode": "eval", "attack": attack, "defense": defense}
-            if attack == "dager":
-                options["known_lengths"] = False
-            cells.append(
-                (f"{attack}-cola-{label}", cell("minilm", "cola", 1, batches, data_dir, **options))
-            )
-    return cells
+    return _cola_grid(batches, data_dir, COMPRESSION, ("tag", "lamp-cos", "dager"))
 
 
 def defense_dpsgd(batches: int, data_dir: str | None) -> list[Cell]:

@@ -213,38 +213,15 @@ def test_client_update_leaves_the_callers_model_exactly_as_it_was():
     before = snapshot(model)
     torch.manual_seed(7)
     state, threads = torch.get_rng_state(), torch.get_num_threads()
-    update = gradleak.client_update(
-        model,
-        tokenizer,
-        TEXTS,
-        LABELS,
-        protocol="fedavg",
-        epochs=2,
-        local_batch_size=1,
-        lr=1e-3,
-        lora_rank=4,
-        lora_roles="qkv",
-        dropout=0.2,
-        defenses="noise:sigma=0.01",
-    )
+    scenario = {"protocol": "fedavg", "epochs": 2, "local_batch_size": 1, "lr": 1e-3,
+                "lora_rank": 4, "lora_roles": "qkv", "dropout": 0.2,
+                "defenses": "noise:sigma=0.01"}  # fmt: skip
+    update = gradleak.client_update(model, tokenizer, TEXTS, LABELS, **scenario)
     assert update.kind == "weight_delta" and update.n_samples == 2
     assert all("lora_" in name for name in update.tensors)
     assert_unchanged(model, before)
     assert torch.equal(torch.get_rng_state(), state) and torch.get_num_threads() == threads
-    again = gradleak.client_update(
-        model,
-        tokenizer,
-        TEXTS,
-        LABELS,
-        protocol="fedavg",
-        epochs=2,
-        local_batch_size=1,
-        lr=1e-3,
-        lora_rank=4,
-        lora_roles="qkv",
-        dropout=0.2,
-        defenses="noise:sigma=0.01",
-    )
+    again = gradleak.client_update(model, tokenizer, TEXTS, LABELS, **scenario)
     assert all(torch.equal(update.tensors[k], again.tensors[k]) for k in update.tensors)
 
 
