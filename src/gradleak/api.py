@@ -31,6 +31,7 @@ from gradleak.attacks import ATTACKS, AttackFailed, AttackSettings, Refusal
 from gradleak.config import RunConfig
 from gradleak.data import Example
 from gradleak.defenses import build_defenses, clients_of, privacy_facts
+from gradleak.devices import resolve_device
 from gradleak.errors import GradleakError, GradleakNotice, OptionError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import client_update as one_client_update
@@ -57,6 +58,7 @@ def run(
     progress: bool | runner.Progress = True,
     workers: int = 1,
     threads: int | None = None,
+    device: str | None = None,
     **options: Any,
 ) -> Record:
     """Run one attack over a scenario's inputs and return its record: ``gradleak attack``.
@@ -70,12 +72,16 @@ def run(
     from it. ``progress``: a progress bar on stderr (a widget in Jupyter), False for none, or
     a function ``(done, total, sample)`` called after each input. ``workers``: inputs attacked
     at once in separate processes. ``threads``: torch CPU threads for this run (restored after;
-    None: as they are). The same config, seed and threads give the same record on CPU.
+    None: as they are). ``device``: where the model, the clients' rounds and the attack
+    compute: ``cpu`` (None: the default), ``cuda``, ``cuda:N`` or ``mps``. The same config,
+    seed and threads give the same record on CPU.
     """
     run_config = _merged_config(config, options)
     path = None if out is None else str(out)
     with kept_global_state(threads), _reporter(progress, run_config) as report:
-        record = runner.run(run_config, out=path, progress=report, workers=workers)
+        record = runner.run(
+            run_config, out=path, progress=report, workers=workers, device=device or "cpu"
+        )
     for notice in record.notices:
         warnings.warn(notice, GradleakNotice, stacklevel=2)
     errors = [s.error for s in record.samples if s.failed]
@@ -128,17 +134,21 @@ def load_model(
     task: Literal["classification", "causal_lm", "qa"] = "classification",
     *,
     seed: int = 0,
+    device: str = "cpu",
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """A model and its tokenizer as transformers objects, loaded as a run loads them.
 
     ``name``: a packaged model (``minilm``, ``smollm2``, the random-init ``tiny-bert``,
     ``tiny-gpt2``, ``tiny-llama``), a local model folder, or ``hf:ORG/NAME`` (the hub,
     online). ``task`` picks the head; ``seed`` draws a new head's weights (a run with seed s
-    loads the model with seed s). The model comes in train mode, float32, eager attention.
+    loads the model with seed s). The model comes in train mode, float32, eager attention, on
+    ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``): :func:`client_update` and
+    :func:`invert` compute where the model they are given is.
     """
+    placed = resolve_device(device)
     with kept_global_state():
         victim = load_victim(name, task, seed=seed)
-    return victim.model, victim.tokenizer
+    return victim.model.to(placed), victim.tokenizer
 
 
 def client_update(

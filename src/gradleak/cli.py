@@ -155,13 +155,14 @@ def utility(**options: Any) -> None:
     from gradleak.utility import measure_utility, utility_record
 
     threads, out = options.pop("threads"), options.pop("out")
+    device = options.pop("device") or "cpu"
     try:
         config, settings = utility_from_options(options)
         with (
             kept_global_state(threads),
             progress_bar("fine-tuning rounds", settings.rounds) as advance,
         ):
-            result = measure_utility(config, settings, advance)
+            result = measure_utility(config, settings, advance, device)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"utility of {config.scenario.model} on {config.scenario.data.dataset}")

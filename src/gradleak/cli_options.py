@@ -21,10 +21,17 @@ from gradleak.options import (
 
 RUN_PANEL = "Run"
 
-# Options of the run that are not part of its config (they do not change its result).
+# Options of the run that are not part of its config. Threads and workers change a result at
+# most in the last bits of rounding; a device other than the CPU can change more (a GPU draws
+# dropout masks from its own generator), so a part-way run resumes only on its own device.
 RUN_OPTIONS: tuple[tuple[str, type, str], ...] = (
     ("threads", int, "torch CPU threads (per process; the default: torch's)"),
     ("workers", int, "inputs attacked at once, in processes sharing the threads (default: 1)"),
+    (
+        "device",
+        str,
+        "where the model and the attack compute: cpu, cuda, cuda:N, mps (default: cpu)",
+    ),
     ("out", str, "write the JSON record here (resumable: run again to continue)"),
 )
 
@@ -57,7 +64,7 @@ def attack_command_parameters(command: Callable[..., Any]) -> None:
 
 def utility_command_parameters(command: Callable[..., Any]) -> None:
     """The same for ``gradleak utility``: the scenario's options and the fine-tuning's."""
-    run_options = (*RUN_OPTIONS[:1], ("out", str, "write the JSON record here"))
+    run_options = (RUN_OPTIONS[0], RUN_OPTIONS[2], ("out", str, "write the JSON record here"))
     set_parameters(command, [*scenario_options(), *utility_options()], run_options)
 
 

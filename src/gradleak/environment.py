@@ -28,7 +28,15 @@ def machine() -> dict[str, object]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        **({"cuda_devices": _cuda_devices()} if torch.cuda.is_available() else {}),
     }
+
+
+def _cuda_devices() -> list[str]:
+    """The names of the CUDA devices torch sees (a GPU run's record says which card)."""
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
 def reset_peak_memory() -> None:

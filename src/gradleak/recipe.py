@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
+
 from gradleak import metrics
 from gradleak.attacks import ATTACKS, Attack, AttackFailed, Refusal
 from gradleak.config import RunConfig
@@ -29,6 +31,7 @@ from gradleak.defenses import (
     format_defenses,
     privacy_facts,
 )
+from gradleak.devices import resolve_device
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
@@ -68,10 +71,12 @@ def build_attack(config: RunConfig) -> Attack:
     return ATTACKS.build(config.attack)
 
 
-def prepare(config: RunConfig) -> Prepared:
+def prepare(config: RunConfig, device: torch.device | str = "cpu") -> Prepared:
     """Load data, model, attack and defenses; every user error surfaces here, before any
-    input is attacked."""
+    input is attacked. The global model goes to ``device``: the clients' rounds and the
+    attack compute there."""
     start = time.perf_counter()
+    device = resolve_device(device)
     scenario, data = config.scenario, config.scenario.data
     examples = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
     examples, notice = assign_labels(examples, data.label, seed=data.sample_seed)
@@ -86,7 +91,9 @@ def prepare(config: RunConfig) -> Prepared:
             f"task causal_lm needs a decoder model (smollm2, tiny-gpt2, tiny-llama); "
             f"{scenario.model} is an encoder: use --task classification"
         )
+    # built on the CPU (LoRA's initialization is drawn there: the same on every device)
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
+    global_model.model.to(device)
     load_s = time.perf_counter() - start
     notices = [notice] if notice else []
     return Prepared(victim, global_model, batches, others, task, attack, defenses, load_s, notices)

@@ -158,6 +158,7 @@ class Record(BaseModel):
     machine: dict[str, Any]
     torch_threads: int  # of each process that attacked
     workers: int = 1
+    device: str = "cpu"  # where the run computed (records written before devices: the CPU)
     notices: list[str] = Field(default_factory=list)  # options ignored, and why
     provenance: Provenance | None = None  # None in records written before it was recorded
 

@@ -17,6 +17,7 @@ from gradleak import __version__, metrics
 from gradleak.attacks import ATTACKS
 from gradleak.config import RunConfig
 from gradleak.defenses import DEFENSES
+from gradleak.devices import resolve_device
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
 from gradleak.recipe import Prepared, attack_input, describe_scenario, prepare
@@ -33,6 +34,7 @@ def run(
     progress: Progress | None = None,
     limit: int | None = None,
     workers: int = 1,
+    device: torch.device | str = "cpu",
 ) -> Record:
     """Run ``config`` and return its record (also written to ``out`` when given).
 
@@ -41,15 +43,19 @@ def run(
     a few inputs per cell at a time, every cell comparable, none redone).
 
     ``workers`` > 1 attacks that many inputs at once in separate processes, splitting the
-    torch threads between them (see :func:`attack_in_workers`)."""
+    torch threads between them (see :func:`attack_in_workers`).
+
+    ``device`` is where the model, the clients' rounds and the attack compute (``cpu``,
+    ``cuda``, ``cuda:N``, ``mps``); a part-way run resumes only on the device it began on."""
     if limit is not None and limit < 1:
         raise GradleakError(f"limit must be at least 1 input, got {limit}")
     if workers < 1:
         raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
     total_start = time.perf_counter()
-    store = ResultStore(out, config.identity())
+    device = resolve_device(device)
+    store = ResultStore(out, config.identity(), str(device))
     finished = store.load_finished()
-    prepared = prepare(config)
+    prepared = prepare(config, device)
     store.start()
     wanted = range(len(prepared.batches[:limit]))
     done = {i: finished[i] for i in wanted if i in finished}
@@ -63,7 +69,7 @@ def run(
         check_workers_can_build(config)
         # each worker loads its own prior: this process's copy would only hold memory
         prepared.attack.release()
-        new_samples = attack_in_workers(config, pending, workers)
+        new_samples = attack_in_workers(config, pending, workers, device)
     else:
         new_samples = (attack_input(config, prepared, i) for i in pending)
     for sample in new_samples:
@@ -73,7 +79,9 @@ def run(
             progress(len(done), len(wanted), sample)
     samples = [done[i] for i in wanted]
     total_s = time.perf_counter() - total_start
-    record = build_record(config, prepared, samples, total_s, threads, workers if parallel else 1)
+    record = build_record(
+        config, prepared, samples, total_s, threads, workers if parallel else 1, str(device)
+    )
     if len(samples) == len(prepared.batches):
         store.finish(record.to_json())
     return record
@@ -97,6 +105,7 @@ def build_record(
     total_s: float,
     threads: int,
     workers: int = 1,
+    device: str = "cpu",
 ) -> Record:
     """The record of stored samples (as ``recipe.attack_input`` returns them)."""
     dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
@@ -118,6 +127,7 @@ def build_record(
         machine=machine(),
         torch_threads=threads,
         workers=workers,
+        device=device,
         notices=prepared.notices,
         provenance=provenance(config),
     )
@@ -181,11 +191,11 @@ class _Worker:
     prepared: Prepared
 
 
-def _start_worker(config: RunConfig, threads: int, parent: int) -> None:
+def _start_worker(config: RunConfig, threads: int, parent: int, device: str) -> None:
     torch.set_num_threads(threads)
     _exit_with_parent(parent)
     _Worker.config = config
-    _Worker.prepared = prepare(config)
+    _Worker.prepared = prepare(config, device)
 
 
 def _attack_in_worker(index: int) -> dict[str, Any]:
@@ -208,7 +218,7 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 
 def attack_in_workers(
-    config: RunConfig, pending: list[int], workers: int
+    config: RunConfig, pending: list[int], workers: int, device: torch.device | str = "cpu"
 ) -> Iterator[dict[str, Any]]:
     """Attack ``pending`` inputs in ``workers`` spawned processes, yielding samples as they
     finish (so the store keeps each at once). Each worker loads the models once and gets an
@@ -221,7 +231,7 @@ def attack_in_workers(
     before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(
         min(workers, len(pending)), mp_context=context, initializer=_start_worker,
-        initargs=(config, threads, os.getpid()),
+        initargs=(config, threads, os.getpid(), str(device)),
     ) as pool:  # fmt: skip
         futures = [pool.submit(_attack_in_worker, i) for i in pending]
         try:

@@ -16,9 +16,12 @@ from gradleak.errors import GradleakError
 
 
 class ResultStore:
-    def __init__(self, out: str | Path | None, identity: dict[str, Any]) -> None:
+    def __init__(
+        self, out: str | Path | None, identity: dict[str, Any], device: str = "cpu"
+    ) -> None:
         self.out = Path(out) if out else None
         self.identity = identity
+        self.device = device
         self.partial = self.out.with_name(self.out.name + ".partial.jsonl") if self.out else None
 
     def load_finished(self) -> dict[int, dict[str, Any]]:
@@ -34,6 +37,13 @@ class ResultStore:
                 f"{self.partial} holds an unfinished run with a different config: delete it or "
                 "choose another --out"
             )
+        began_on = header.get("device", "cpu")  # files written before devices: the CPU
+        if began_on != self.device:
+            raise GradleakError(
+                f"{self.partial} holds an unfinished run begun on device {began_on}: resume it "
+                f"with --device {began_on} (results differ between devices), or choose another "
+                "--out"
+            )
         finished: dict[int, dict[str, Any]] = {}
         for line in lines[1:]:
             try:
@@ -48,7 +58,8 @@ class ResultStore:
             return
         self.partial.parent.mkdir(parents=True, exist_ok=True)
         if not self.partial.exists() or not self.partial.read_text(encoding="utf-8").strip():
-            self.partial.write_text(json.dumps({"config": self.identity}) + "\n", "utf-8")
+            header = {"config": self.identity, "device": self.device}
+            self.partial.write_text(json.dumps(header) + "\n", "utf-8")
 
     def append(self, sample: dict[str, Any]) -> None:
         if self.partial is None:

@@ -103,10 +103,13 @@ class Update:
         model's current one); ``task``: default, the model head's.
         """
         trainable = _trainable_shapes(model)
+        device = next(model.parameters()).device
         given = {name: tensor for name, tensor in gradients.items() if tensor is not None}
         _check_names(given, trainable, "the gradients")
         tensors = {
-            name: given[name].detach().clone() if name in given else torch.zeros(shape)
+            name: given[name].detach().clone()
+            if name in given
+            else torch.zeros(shape, device=device)
             for name, shape in trainable.items()
         }
         mode = mode or ("train" if model.training else "eval")
@@ -168,12 +171,15 @@ class Update:
 
     def as_received(self, global_model: GlobalModel) -> ClientUpdate:
         """The update as an attack receives it from the server of ``global_model`` (checked
-        against that model: a missing, extra or misshapen tensor is an error that names it)."""
+        against that model: a missing, extra or misshapen tensor is an error that names it),
+        on the model's device."""
         params = dict(global_model.model.named_parameters())
         expected = {s.key: tuple(s.take(params[s.param]).shape) for s in global_model.specs}
         _check_names(self.tensors, expected, "the update")
         metadata = update_metadata(global_model, self.n_samples)
-        return ClientUpdate(kind=self.kind, tensors=self.tensors, metadata=metadata)
+        device = global_model.device
+        tensors = {key: tensor.to(device) for key, tensor in self.tensors.items()}
+        return ClientUpdate(kind=self.kind, tensors=tensors, metadata=metadata)
 
     def knowledge(
         self, global_model: GlobalModel, known_labels: Known = None, known_lengths: Known = None
@@ -191,13 +197,18 @@ class Update:
         elif lengths is not None:
             known = server_knowledge(global_model, _batch_of_lengths(global_model, lengths))
             template, token_types = known.template_ids, known.token_type_ids
+        device = global_model.device  # the facts go where the attack computes
+
+        def placed(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
         return ServerKnowledge(
             global_model=global_model,
             batch_size=self._batch_size(lengths, labels),
             lengths=None if lengths is None else tuple(lengths),
-            template_ids=template,
-            token_type_ids=token_types,
-            labels=labels,
+            template_ids=placed(template),
+            token_type_ids=placed(token_types),
+            labels=None if labels is None else {k: placed(v) for k, v in labels.items()},
             defenses=self.defenses,
         )
 
@@ -277,7 +288,7 @@ def _label_tensors(labels: list[int], task: str) -> dict[str, torch.Tensor]:
         raise GradleakError(
             f"known_labels are class labels, and a {task} model has none: drop known_labels"
         )
-    return {"label": torch.tensor([int(label) for label in labels])}
+    return {"label": torch.tensor([int(label) for label in labels], device="cpu")}
 
 
 FILLER_WORD = "the"  # one token in every supported tokenizer

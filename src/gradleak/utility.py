@@ -28,6 +28,7 @@ from gradleak.data import Example, load_examples, natural_task, sample_batches
 from gradleak.defenses import build_defenses
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
+from gradleak.devices import resolve_device
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.round import client_update, split_at_combination
 from gradleak.models.registry import load_victim
@@ -74,6 +75,7 @@ class UtilityResult:
     rounds: list[int]  # the round after which each entry of ``metrics`` was scored
     metrics: list[dict[str, float]]
     seconds: float
+    device: str = "cpu"
 
     @property
     def final(self) -> dict[str, float]:
@@ -84,10 +86,15 @@ Progress = Callable[[int, int], None]
 
 
 def measure_utility(
-    config: RunConfig, settings: UtilitySettings, progress: Progress | None = None
+    config: RunConfig,
+    settings: UtilitySettings,
+    progress: Progress | None = None,
+    device: str = "cpu",
 ) -> UtilityResult:
-    """Fine-tune the scenario's model for ``settings.rounds`` rounds and score it on dev data."""
+    """Fine-tune the scenario's model for ``settings.rounds`` rounds and score it on dev data
+    (on ``device``: ``cpu``, ``cuda``, ``cuda:N``, ``mps``)."""
     started = time.perf_counter()
+    placed = resolve_device(device)
     scenario, data = config.scenario, config.scenario.data
     train = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
     task = scenario.task or natural_task(data.dataset, train)
@@ -109,6 +116,7 @@ def measure_utility(
     batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
     victim = load_victim(scenario.model, task, seed=config.seed)
     gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
+    gm.model.to(placed)  # after LoRA's initialization, drawn on the CPU
     server = ServerStep(gm, settings.server_optimizer, settings.server_lr)
     scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
@@ -128,7 +136,9 @@ def measure_utility(
         if progress:
             progress(r + 1, settings.rounds)
     seconds = time.perf_counter() - started
-    return UtilityResult(task=task, rounds=scored, metrics=metrics, seconds=seconds)
+    return UtilityResult(
+        task=task, rounds=scored, metrics=metrics, seconds=seconds, device=str(placed)
+    )
 
 
 def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]:
@@ -234,6 +244,7 @@ def utility_record(
         "rounds": result.rounds,
         "metrics": result.metrics,
         "seconds": result.seconds,
+        "device": result.device,
         "versions": versions(),
         "machine": machine(),
     }

@@ -15,7 +15,7 @@ TRANSFORMS: tuple[str, ...] = ("swap", "move_token", "move_span", "move_prefix")
 
 
 def _randint(high: int, generator: torch.Generator) -> int:
-    return int(torch.randint(high, (1,), generator=generator))
+    return int(torch.randint(high, (1,), generator=generator, device="cpu"))
 
 
 def transform_order(kind: str, m: int, generator: torch.Generator) -> list[int]:
@@ -53,11 +53,11 @@ def candidate_permutations(
 
     ``x[perm]`` is the reordered sentence; only ``free_positions`` are moved, among themselves.
     """
-    perms = torch.arange(length).repeat(n, 1)
-    slots = torch.tensor(free_positions, dtype=torch.long)
+    perms = torch.arange(length, device="cpu").repeat(n, 1)
+    slots = torch.tensor(free_positions, dtype=torch.long, device="cpu")
     for k in range(1, n):
         order = transform_order(TRANSFORMS[(k - 1) % len(TRANSFORMS)], len(slots), generator)
-        perms[k, slots] = slots[torch.tensor(order, dtype=torch.long)]
+        perms[k, slots] = slots[torch.tensor(order, dtype=torch.long, device="cpu")]
     return perms
 
 

@@ -8,11 +8,13 @@ embeddings live). Candidates are scored in batches, not one by one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from gradleak import devices
 from gradleak.attacks.base import AttackFailed
 
 Score = Callable[[torch.Tensor], torch.Tensor]  # [C, B, L, d] free embeddings -> [C] losses
@@ -34,11 +36,16 @@ def mean_embedding_norm(embedding: torch.Tensor, allowed: torch.Tensor) -> float
 
 
 def gaussian_candidates(
-    count: int, shape: tuple[int, int, int], generator: torch.Generator
+    count: int,
+    shape: tuple[int, int, int],
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """``count`` standard-normal candidates, drawn one after the other so the draws do not
-    depend on how candidates are grouped for scoring (the first equals DLG/TAG's start)."""
-    return torch.stack([torch.randn(*shape, generator=generator) for _ in range(count)])
+    """``count`` standard-normal candidates on ``device``, drawn one after the other so the
+    draws do not depend on how candidates are grouped for scoring (the first equals DLG/TAG's
+    start) nor on the device."""
+    draws = [devices.randn(*shape, generator=generator) for _ in range(count)]
+    return torch.stack(draws).to(device)
 
 
 def best_gaussian(
@@ -47,18 +54,19 @@ def best_gaussian(
     score_with: Sequence[Score],
     generator: torch.Generator,
     group: int,
+    device: torch.device | str = "cpu",
 ) -> InitResult:
     """The lowest-loss candidate among ``n`` Gaussian draws, over every scoring function
     (one per label assignment when labels are unknown: the pair with the lowest loss wins)."""
     best: InitResult | None = None
     for start in range(0, n, group):
-        candidates = gaussian_candidates(min(group, n - start), shape, generator)
+        candidates = gaussian_candidates(min(group, n - start), shape, generator, device)
         for index, score in enumerate(score_with):
             losses = torch.nan_to_num(score(candidates), nan=float("inf"))
             k = int(losses.argmin())
             if best is None or losses[k] < best.loss:
                 best = InitResult(candidates[k].clone(), float(losses[k]), index)
-    if best is None or not torch.isfinite(torch.tensor(best.loss)):
+    if best is None or not math.isfinite(best.loss):
         raise AttackFailed("every initial candidate gave a non-finite matching loss")
     return best
 
@@ -67,17 +75,20 @@ def random_free_permutations(
     free_positions: Sequence[torch.Tensor], length: int, n: int, generator: torch.Generator
 ) -> torch.Tensor:
     """``[n, B, L]`` position permutations: each sentence's free positions shuffled at random,
-    every other position (specials, padding) left in place."""
-    perms = torch.arange(length).repeat(n, len(free_positions), 1)
+    every other position (specials, padding) left in place. Drawn on the CPU, placed where the
+    positions are."""
+    device = free_positions[0].device
+    perms = torch.arange(length, device=device).repeat(n, len(free_positions), 1)
     for k in range(n):
         for row, slots in enumerate(free_positions):
-            perms[k, row, slots] = slots[torch.randperm(len(slots), generator=generator)]
+            order = devices.randperm(len(slots), generator=generator, device=device)
+            perms[k, row, slots] = slots[order]
     return perms
 
 
 def permute_rows(free: torch.Tensor, perms: torch.Tensor) -> torch.Tensor:
     """``free`` (``[B, L, d]``) reordered by each of ``perms`` (``[n, B, L]``): ``[n, B, L, d]``."""
-    rows = torch.arange(free.shape[0])[None, :, None]
+    rows = torch.arange(free.shape[0], device=free.device)[None, :, None]
     return free[rows, perms]
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from gradleak import devices
 from gradleak.attacks.adaptive import SIGN, adaptation_for
 from gradleak.attacks.distances import DISTANCES, Distance, cos_distance, l2_distance, make_distance
 from gradleak.attacks.dummy_loss import PREFIX, TaskLoss, eval_mode
@@ -177,11 +178,13 @@ class GradientMatcher:
         template = self.knowledge.template_ids
         table = gm.adapter.token_embedding(unwrap(self.model)).weight.detach()
         generator = torch.Generator().manual_seed(0)
-        noise = torch.randint(table.shape[0], template.shape, generator=generator)
+        noise = devices.randint(
+            table.shape[0], tuple(template.shape), generator=generator, device=template.device
+        )
         ids = torch.where(template >= 0, template, noise)
         labels = self.labels
         if labels is None:  # unknown classification labels: any assignment will do
-            labels = {"label": torch.zeros(template.shape[0], dtype=torch.long)}
+            labels = {"label": template.new_zeros(template.shape[0])}
         return table[ids], labels, ids
 
     def _probe_gradients(self, specs: list[TensorSpec]) -> list[torch.Tensor]:

@@ -86,7 +86,7 @@ class PrefixTree:
     def allowed(self) -> torch.Tensor:
         """``[n, n]`` bool: node i may attend to node j (j is i or an ancestor of i)."""
         n = len(self.tokens)
-        allowed = torch.zeros((n, n), dtype=torch.bool)
+        allowed = torch.zeros((n, n), dtype=torch.bool, device="cpu")
         for i, parent in enumerate(self.parents):
             if parent >= 0:  # parents precede their children: its row is complete
                 allowed[i] = allowed[parent]
@@ -172,8 +172,9 @@ class CausalLMPrior:
             fresh |= self._score_trees(todo) if trees else self._score_padded(todo)
         found = {key: self._scores.get(key) or fresh[key] for key in inputs}
         self._remember(fresh)
-        sums = torch.tensor([found[key][0] for key in inputs], dtype=torch.float64)
-        counts = torch.tensor([found[key][1] for key in inputs], dtype=torch.float64)
+        device = self.device
+        sums = torch.tensor([found[key][0] for key in inputs], dtype=torch.float64, device=device)
+        counts = torch.tensor([found[key][1] for key in inputs], dtype=torch.float64, device=device)
         return sums, counts
 
     def _remember(self, fresh: dict[Row, tuple[float, int]]) -> None:
@@ -208,25 +209,31 @@ class CausalLMPrior:
             scores |= self._score_tree(tree)
         return scores
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def _score_tree(self, tree: PrefixTree) -> dict[Row, tuple[float, int]]:
         parameter = next(self.model.parameters())
         device, dtype = parameter.device, parameter.dtype
         allowed = tree.allowed()
         blocked = torch.finfo(dtype).min  # additive: works for eager and SDPA attention
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, blocked)
-        parents = torch.tensor(tree.parents)
+        allowed = allowed.to(device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~allowed, blocked
+        )
+        parents = torch.tensor(tree.parents, device=device)
         scored = (parents >= 0).nonzero().flatten()  # every non-root node is a scored token
         keep, slot = parents[scored].unique(return_inverse=True)  # nodes whose logits we need
-        keep, slot = keep.to(device), slot.to(device)
         kwargs = {"logits_to_keep": keep} if _accepts(self.model, "logits_to_keep") else {}
         logits = self.model(
             input_ids=torch.tensor([tree.tokens], device=device),
-            attention_mask=mask[None, None].to(device),
+            attention_mask=mask[None, None],
             position_ids=torch.tensor([tree.depths], device=device),
             **kwargs,
         ).logits[0]
         logits = (logits if kwargs else logits[keep]).float()
-        targets = torch.tensor(tree.tokens)[scored].to(device)
+        targets = torch.tensor(tree.tokens, device=device)[scored]
         token_nll = logits.logsumexp(-1)[slot] - logits[slot, targets]
         # a node's sum is its parent's plus its own token's (parents come first)
         total = [0.0] * len(tree.tokens)
@@ -248,12 +255,13 @@ class CausalLMPrior:
     def _score(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)
         if width < 2:  # nothing to predict
-            return torch.zeros(len(rows)), torch.zeros(len(rows))
-        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+            return torch.zeros(len(rows), device="cpu"), torch.zeros(len(rows), device="cpu")
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long, device="cpu")
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
         for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
             mask[i, : len(row)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         targets = ids[:, 1:]
         valid = mask[:, 1:].bool()

@@ -172,8 +172,8 @@ class TableRows:
     @classmethod
     def of(cls, ids: torch.Tensor, table: torch.Tensor) -> TableRows:
         index = ids.flatten().unique()
-        slot = torch.zeros(table.shape[0], dtype=torch.long)
-        slot[index] = torch.arange(len(index))
+        slot = torch.zeros(table.shape[0], dtype=torch.long, device=table.device)
+        slot[index] = torch.arange(len(index), device=table.device)
         return cls(index=index, slot=slot, start=table[index])
 
     def local(self, ids: torch.Tensor) -> torch.Tensor:
@@ -295,7 +295,7 @@ class LocalTrainingSimulator:
         rows: TableRows | None,
     ) -> torch.Tensor:
         """The task loss of one local batch, trimmed to its longest row like the client's."""
-        index = torch.tensor(batch_rows)
+        index = torch.tensor(batch_rows, device=embeds.device)
         mask = self.attention_mask[index]
         width = int(mask.sum(dim=1).max())
         inputs = embeds[index, :width]

@@ -37,6 +37,7 @@ from torch import nn
 
 from gradleak.defenses.base import DefenseSettings, PrivateGradients, SampleDefense
 from gradleak.defenses.privacy import epsilon
+from gradleak.devices import noise_generator
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 
@@ -205,7 +206,7 @@ class _OpacusGradients(PrivateGradients):
             max_grad_norm=settings.clip,
             expected_batch_size=1,
             loss_reduction="mean",
-            generator=generator,
+            generator=noise_generator(generator, self.params[0].device),
         )
 
     def gradient(self, example_losses: Callable[[], torch.Tensor], batch_size: int) -> None:
@@ -216,7 +217,7 @@ class _OpacusGradients(PrivateGradients):
                 warnings.filterwarnings("ignore", message)
             if self.mode == "ghost":
                 for p in self.params:  # zero for parameters the loss does not reach
-                    p._norm_sample = torch.zeros(batch_size, dtype=p.dtype)
+                    p._norm_sample = p.new_zeros(batch_size)
                 losses = example_losses()
                 try:
                     DPTensorFastGradientClipping(self.hooks, self.optimizer, losses).backward()
@@ -232,7 +233,7 @@ class _OpacusGradients(PrivateGradients):
                 example_losses().mean().backward()
                 for p in self.params:
                     if p.grad_sample is None:
-                        p.grad_sample = torch.zeros((batch_size, *p.shape), dtype=p.dtype)
+                        p.grad_sample = p.new_zeros((batch_size, *p.shape))
         self.optimizer.pre_step()
 
     def _one_row_per_example(self, module: nn.Module, args: tuple) -> tuple | None:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import Field
 
+from gradleak import devices
 from gradleak.defenses.base import DefenseSettings, UpdateDefense
 from gradleak.federated.client import ClientUpdate
 
@@ -45,7 +46,9 @@ class GaussianNoise(UpdateDefense[NoiseSettings]):
             std = self.settings.sigma
             if self.settings.relative:
                 std *= float(tensor.norm()) / math.sqrt(max(1, tensor.numel()))
-            noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+            noise = devices.randn(
+                *tensor.shape, generator=generator, dtype=tensor.dtype, device=tensor.device
+            )
             noised[key] = tensor + std * noise
         tensors = {key: noised[key] for key in update.tensors}
         return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))

@@ -50,9 +50,9 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     equal magnitudes at the threshold, the earliest positions."""
     n = values.numel()
     if k >= n:
-        return torch.ones(n, dtype=torch.bool)
+        return torch.ones(n, dtype=torch.bool, device=values.device)
     if k <= 0:
-        return torch.zeros(n, dtype=torch.bool)
+        return torch.zeros(n, dtype=torch.bool, device=values.device)
     magnitude = values.abs()
     threshold = torch.kthvalue(magnitude, n - k + 1).values  # the k-th largest
     mask = magnitude > threshold

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from gradleak import devices
 from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.sharing import TensorSpec, apply_training_setup, shared_tensor_specs
@@ -54,6 +55,11 @@ class GlobalModel:
     def task(self) -> str:
         return self.victim.task
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are: the round and the attack compute there."""
+        return next(self.model.parameters()).device
+
     def copy_model(self) -> nn.Module:
         return copy.deepcopy(self.model)
 
@@ -64,7 +70,8 @@ class GlobalModel:
         """Private examples tokenized as a client's fine-tuning does (the model's limit)."""
         victim = self.victim
         limit = victim.adapter.max_positions(victim.model)
-        return encode_examples(victim.tokenizer, examples, self.task, limit, max_tokens)
+        batch = encode_examples(victim.tokenizer, examples, self.task, limit, max_tokens)
+        return batch.to(self.device)
 
     def batch_loss(self, model: nn.Module, batch: EncodedBatch) -> torch.Tensor:
         return task_loss(
@@ -306,7 +313,10 @@ def _local_training(
     n = batch.input_ids.shape[0]
     b = protocol.local_batch_size or n
     for _ in range(protocol.epochs):
-        order = torch.randperm(n, generator=generator) if protocol.shuffle else torch.arange(n)
+        if protocol.shuffle:
+            order = devices.randperm(n, generator=generator, device="cpu")
+        else:
+            order = torch.arange(n, device="cpu")
         for start in range(0, n, b):
             optimizer.zero_grad(set_to_none=True)
             local = batch.select(order[start : start + b])

@@ -47,7 +47,9 @@ class ServerKnowledge:
         if self.template_ids is None:
             return None
         length = self.template_ids.shape[1]
-        return (torch.arange(length)[None, :] < torch.tensor(self.lengths)[:, None]).long()
+        device = self.template_ids.device
+        positions = torch.arange(length, device=device)[None, :]
+        return (positions < torch.tensor(self.lengths, device=device)[:, None]).long()
 
 
 def special_template(batch: EncodedBatch, tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:

@@ -36,9 +36,22 @@ class EncodedBatch:
     def lengths(self) -> list[int]:
         return self.attention_mask.sum(dim=1).tolist()
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> EncodedBatch:
+        """The same batch on ``device`` (where the model it trains is)."""
+        return EncodedBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            labels={k: v.to(device) for k, v in self.labels.items()},
+            token_type_ids=None if self.token_type_ids is None else self.token_type_ids.to(device),
+        )
+
     def select(self, rows: list[int] | torch.Tensor) -> EncodedBatch:
         """The sub-batch of ``rows`` (FedAvg local batches), trimmed to its longest row."""
-        rows = torch.as_tensor(rows, dtype=torch.long)
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
         mask = self.attention_mask[rows]
         width = int(mask.sum(dim=1).max())
         return EncodedBatch(
@@ -66,6 +79,7 @@ def encode_examples(
     """Tokenize a private batch the way a fine-tuning client would (tokenizer's own specials).
 
     Sequences longer than the model allows are an error unless ``max_tokens`` truncates them.
+    The tensors are built on the CPU (``EncodedBatch.to`` moves them to the model).
     """
     limit = min(max_tokens or max_positions, max_positions)
     enc = _tokenize(tokenizer, examples, task, limit, truncate=bool(max_tokens))
@@ -114,9 +128,9 @@ def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncat
 
 def _padded(rows: list[list[int]], length: int, fill: int) -> torch.Tensor:
     """``rows`` as a ``[len(rows), length]`` long tensor, right-padded with ``fill``."""
-    out = torch.full((len(rows), length), fill, dtype=torch.long)
+    out = torch.full((len(rows), length), fill, dtype=torch.long, device="cpu")
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
     return out
 
 
@@ -128,11 +142,14 @@ def _labels(enc, examples: list[Example], task: str) -> dict[str, torch.Tensor]:
                 "task classification needs labeled examples: add a label column, give every "
                 "example one with --label 0|1|random, or use --task causal_lm"
             )
-        return {"label": torch.tensor([int(ex.label) for ex in examples])}
+        return {"label": torch.tensor([int(ex.label) for ex in examples], device="cpu")}
     if task == "qa":
         spans = [_answer_span(enc, i, ex) for i, ex in enumerate(examples)]
         starts, ends = zip(*spans, strict=True)
-        return {"start": torch.tensor(starts), "end": torch.tensor(ends)}
+        return {
+            "start": torch.tensor(starts, device="cpu"),
+            "end": torch.tensor(ends, device="cpu"),
+        }
     return {}
 
 
@@ -222,5 +239,5 @@ def classification_logits(
     if adapter.is_decoder:
         hidden = adapter.backbone(hf)(**inputs).last_hidden_state
         last = batch_mask.sum(dim=1) - 1
-        return hf.score(hidden[torch.arange(hidden.shape[0]), last])
+        return hf.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
     return hf(**inputs).logits

@@ -299,7 +299,7 @@ def _check(
     whole = _whole_rows(blocks)
     rows = sum(b.tensor.shape[0] for b in whole)
     if rows == 0:  # nothing kept whole: an empty span (``pruning_refusal`` refuses it)
-        empty = torch.zeros(width, 0, dtype=torch.float64)
+        empty = blocks[0].tensor.new_zeros(width, 0, dtype=torch.float64)
         return SpanCheck(SpanBasis(empty, empty.new_zeros(0), width), transform, 0, False)
     span = _span(update, whole, rank_tol, defenses)
     return SpanCheck(span, transform, rows, _saturated(span, rows))

@@ -75,8 +75,9 @@ class DecoderSearch(SentenceSearch):
             if not tokens or not len(beam):
                 break
             # Trials prefix-major: every beam prefix extended by every candidate token.
-            parents = torch.arange(len(beam)).repeat_interleave(len(tokens))
-            added = torch.tensor(tokens).repeat(len(beam))
+            device = beam.ids.device
+            parents = torch.arange(len(beam), device=device).repeat_interleave(len(tokens))
+            added = torch.tensor(tokens, device=device).repeat(len(beam))
             checked += len(parents)
             if checked > self.settings.max_sequences:
                 self.state.capped = True
@@ -142,7 +143,7 @@ class DecoderSearch(SentenceSearch):
 
         Families without a key/value cache path get the full-prefix search (``past`` None).
         """
-        ids = torch.tensor([start], dtype=torch.long)
+        ids = torch.tensor([start], dtype=torch.long, device=self.device)
         if not self.adapter.supports_kv_cache:
             return Beam(ids, [0.0])
         if not start:

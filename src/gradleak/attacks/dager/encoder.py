@@ -84,11 +84,12 @@ class EncoderSearch(SentenceSearch):
             self.state.notes.append(
                 f"length {len(inner) + 2}: beam narrowed to {width} by the budget"
             )
-        beam = torch.zeros((1, 0), dtype=torch.long)
-        distances = torch.zeros((1, context.shape[0]), dtype=torch.float64)
+        device = context.device
+        beam = torch.zeros((1, 0), dtype=torch.long, device=device)
+        distances = torch.zeros((1, context.shape[0]), dtype=torch.float64, device=device)
         for position, options in enumerate(inner, start=1):
-            parents = torch.arange(len(beam)).repeat_interleave(len(options))
-            added = torch.tensor(options).repeat(len(beam))
+            parents = torch.arange(len(beam), device=device).repeat_interleave(len(options))
+            added = torch.tensor(options, device=device).repeat(len(beam))
             beam = torch.cat([beam[parents], added[:, None]], dim=1)
             distances = self._filled_distances(beam, context)
             if len(beam) > width:
@@ -106,7 +107,7 @@ class EncoderSearch(SentenceSearch):
         for chunk in prefixes.split(self.settings.chunk):
             embeds = context.expand(len(chunk), -1, -1).clone()
             embeds[:, 1 : 1 + chunk.shape[1]] = table[chunk]
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long)
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
             inputs = {"inputs_embeds": embeds, "attention_mask": mask}
             hidden = self.adapter.layer_input(self.hf, 1, inputs)
             out.append(self.layer2.distance(hidden))

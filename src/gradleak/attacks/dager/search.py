@@ -34,6 +34,11 @@ class SentenceSearch:
     settings: DagerSettings
     state: SearchState
 
+    @property
+    def device(self) -> torch.device:
+        """Where the attacker's model is: the search's tensors are made there."""
+        return next(self.hf.parameters()).device
+
 
 def threshold(
     distances: torch.Tensor, fixed: float | None, expected: int, fallback: float

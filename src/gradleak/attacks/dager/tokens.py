@@ -39,7 +39,7 @@ def token_candidates(
     limit = min(settings.max_length, adapter.max_positions(hf))
     for position in range(limit):
         # One position for the whole vocabulary: a 0-d index broadcasts over the table.
-        inputs = adapter.first_layer_input(hf, table, torch.tensor(position))
+        inputs = adapter.first_layer_input(hf, table, torch.tensor(position, device=table.device))
         tokens = _passing(inputs, layer1, settings, dropout, directions)
         if not tokens:
             break

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from gradleak import devices
 from gradleak.attacks import initialization as init
 from gradleak.attacks.adaptive import adaptation_for, adapted_distance
 from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction
@@ -105,6 +106,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             return None
         self.prepare()
         model, tokenizer = self._prior_model
+        model.to(knowledge.global_model.device)  # the prior scores where the attack runs
         return CausalLMPrior(self.settings.prior, model, tokenizer, knowledge.tokenizer)
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan:
@@ -143,7 +145,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         return Workspace(
             matcher=matcher,
             embedding=embedding,
-            allowed=allowed_token_mask(knowledge.tokenizer, embedding.shape[0]),
+            allowed=allowed_token_mask(knowledge.tokenizer, embedding.shape[0], embedding.device),
             template=template,
             fixed=embedding[template.clamp(min=0)],
             needs_ids=matcher.needs_ids,
@@ -273,7 +275,8 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             size = s.init_size or init.mean_embedding_norm(ws.embedding, ws.allowed)
             info["init_size"] = size
         if s.n_init == 1 and len(assignments) == 1:
-            free = torch.randn(*shape, generator=generator)  # DLG/TAG: one draw, no scoring
+            # DLG/TAG: one draw, no scoring
+            free = devices.randn(*shape, generator=generator, device=ws.embedding.device)
         else:
             group = ws.chunk or 32
 
@@ -285,7 +288,12 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 return score
 
             start = init.best_gaussian(
-                s.n_init, shape, [scorer(a) for a in assignments], generator, group
+                s.n_init,
+                shape,
+                [scorer(a) for a in assignments],
+                generator,
+                group,
+                ws.embedding.device,
             )
             ws.matcher.labels = assignments[start.assignment]
             if s.n_init > 1:
@@ -333,6 +341,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                     continue
                 perms = candidate_permutations(slots.tolist(), length, s.candidates, generator)
                 unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
+                unique, inverse = unique.to(free.device), inverse.to(free.device)
                 candidates = free.expand(len(unique), -1, -1, -1).clone()
                 candidates[:, b] = free[b][unique]
                 score = ws.score(candidates).double()

@@ -50,4 +50,5 @@ def label_assignments(
     if knowledge.labels is not None or search == "none":
         return [knowledge.labels]
     choices = itertools.product(range(_num_labels(knowledge)), repeat=knowledge.batch_size)
-    return [{"label": torch.tensor(choice)} for choice in choices]
+    device = knowledge.global_model.device
+    return [{"label": torch.tensor(choice, device=device)} for choice in choices]

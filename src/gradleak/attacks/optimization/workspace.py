@@ -25,9 +25,11 @@ class DummyBatch:
         return torch.where(self.free_mask, self.free, self.fixed)
 
 
-def allowed_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
+def allowed_token_mask(
+    tokenizer, vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Tokens a free position may take: no special tokens, no ``[unusedN]`` placeholders."""
-    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)
     for token_id in tokenizer.all_special_ids:
         if token_id < vocab_size:
             allowed[token_id] = False
