@@ -126,6 +126,28 @@ def test_the_cli_lists_and_runs_a_plugin_attack(install, tmp_path):
     assert stored["config"]["attack"] == {"name": "echo", "guess": "a dog ran home"}
 
 
+def test_a_record_of_an_uninstalled_plugin_says_which_package_to_install(install, tmp_path):
+    site = install()
+    out = tmp_path / "record.json"
+    gradleak.run(attack="echo", guess="a dog ran home", out=out, **RUN)
+    sys.path.remove(str(site))
+    forget_plugins()
+    with pytest.raises(GradleakError) as raised:
+        gradleak.load_record(out)
+    assert "its attack 'echo' comes from the plugin package gradleak-echo 0.3.1" in str(
+        raised.value
+    )
+    assert "pip install 'gradleak-echo==0.3.1'" in str(raised.value)
+
+
+def test_worker_processes_find_an_installed_plugin(install):
+    install()
+    options = RUN | {"n_inputs": 2}
+    record = gradleak.run(attack="echo", guess="a dog ran home", workers=2, **options)
+    assert record.workers == 2
+    assert [s.prediction for s in record.samples] == [["a dog ran home"] * 2] * 2
+
+
 def test_options_of_a_plugin_go_when_it_is_uninstalled(install):
     site = install()
     assert "--guess" in CliRunner().invoke(app, ["attack", "--help"]).output

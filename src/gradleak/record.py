@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from gradleak.config import RunConfig
-from gradleak.errors import MissingDependencyError
+from gradleak.errors import GradleakError, MissingDependencyError
 from gradleak.plugins import Origin
 
 if TYPE_CHECKING:
@@ -171,7 +171,11 @@ class Record(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> Record:
-        return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        missing = _missing_plugins(data)
+        if missing:
+            raise GradleakError(f"{path}: {missing}")
+        return cls.model_validate(data)
 
     def to_frame(self) -> pandas.DataFrame:
         """A pandas DataFrame with one row per sample (client update): its texts, exactness,
@@ -196,6 +200,38 @@ def _row(sample: SampleResult | FailedSample) -> dict[str, Any]:
         if scores is not None:
             row |= {f"{section}_{key}": value for key, value in scores.model_dump().items()}
     return row
+
+
+def _missing_plugins(data: dict[str, Any]) -> str | None:
+    """What a record needs installed to load: the plugin package behind an attack or defense
+    that this installation does not know (None when every part is known)."""
+    from gradleak.attacks import ATTACKS
+    from gradleak.defenses import DEFENSES
+
+    provenance = data.get("provenance") or {}
+    config = data.get("config") or {}
+    attack = (config.get("attack") or {}).get("name")
+    parts = [("attack", attack, ATTACKS, provenance.get("attack"))]
+    defenses = ((config.get("scenario") or {}).get("defenses")) or []
+    for defense in defenses:
+        name = defense.get("name") if isinstance(defense, dict) else None
+        origin = (provenance.get("defenses") or {}).get(name)
+        parts.append(("defense", name, DEFENSES, origin))
+    for kind, name, registry, origin in parts:
+        if name is None or name in registry or not origin:
+            continue
+        origin = Origin.model_validate(origin)
+        if origin.source == "run time":
+            return (
+                f"its {kind} '{name}' was registered at run time by {origin.package}: register "
+                f"it again (gradleak.register_{kind}) before loading the record"
+            )
+        return (
+            f"its {kind} '{name}' comes from the plugin package {origin.package} "
+            f"{origin.version}, which is not installed here: pip install "
+            f"'{origin.package}=={origin.version}' to load it"
+        )
+    return None
 
 
 def load_record(path: str | Path) -> Record:

@@ -26,9 +26,9 @@ from gradleak import __version__
 from gradleak.config import RunConfig
 from gradleak.data import Example, load_examples, natural_task, sample_batches
 from gradleak.defenses import build_defenses
+from gradleak.devices import resolve_device
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
-from gradleak.devices import resolve_device
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.round import client_update, split_at_combination
 from gradleak.models.registry import load_victim
