@@ -65,3 +65,58 @@ def test_bad_hasher_sizes_are_errors():
         FeatureHasher(10, 0)
     with pytest.raises(ValueError, match="more than feature hashing takes"):
         FeatureHasher(2**31, 10)
+
+
+# --- training pairs ---------------------------------------------------------------------------
+
+
+def _scenario(tiny_victim, name, task, defense=None, mode="eval"):
+    from gradleak.data import Example
+    from gradleak.defenses import DEFENSES
+    from gradleak.federated.client import GlobalModel
+    from gradleak.federated.protocol import Protocol
+    from gradleak.federated.server import server_knowledge
+
+    gm = GlobalModel.build(tiny_victim(name, task), Protocol(mode=mode))
+    examples = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
+    batch = gm.encode(examples)
+    public = () if defense is None else (DEFENSES.settings(defense),)
+    return gm, batch, server_knowledge(gm, batch, public_defenses=public)
+
+
+@pytest.mark.parametrize(
+    "name, task", [("tiny-gpt2", "causal_lm"), ("tiny-bert", "classification")]
+)
+def test_a_training_update_is_the_clients_update_of_that_batch(tiny_victim, name, task):
+    from gradleak.attacks.lti.pairs import UpdateSampler
+    from gradleak.federated.client import compute_update
+
+    gm, batch, knowledge = _scenario(tiny_victim, name, task)
+    keys = [s.key for s in gm.specs]
+    sampler = UpdateSampler(knowledge, keys, FeatureHasher(1, 1), "eval")
+    labels = batch.labels["label"][None] if task == "classification" else None
+    other = batch.input_ids.flip(0)[None]  # a second batch in the same shape: rows swapped
+    pair_labels = None if labels is None else labels.expand(2, -1)
+    grads = sampler.gradients(torch.cat([batch.input_ids[None], other]), pair_labels)
+    client = compute_update(gm, batch, seed=0)
+    for key, tensor in zip(keys, grads, strict=True):
+        torch.testing.assert_close(tensor[0], client.tensors[key], rtol=1e-4, atol=1e-6)
+    assert any(not torch.allclose(t[0], t[1]) for t in grads)
+
+
+def test_training_updates_go_through_the_public_defenses_and_the_hasher(tiny_victim):
+    from gradleak.attacks.lti.pairs import UpdateSampler
+
+    gm, batch, knowledge = _scenario(tiny_victim, "tiny-gpt2", "causal_lm", "sign")
+    keys = [s.key for s in gm.specs]
+    plain = UpdateSampler(
+        _scenario(tiny_victim, "tiny-gpt2", "causal_lm")[2], keys, FeatureHasher(1, 1), "eval"
+    )
+    size = plain.size
+    hasher = FeatureHasher(size, 97, seed=3)
+    signed = UpdateSampler(knowledge, keys, hasher, "eval")
+    ids = batch.input_ids[None]
+    generator = torch.Generator().manual_seed(0)
+    features = signed.features(ids, None, generator)
+    expected = hasher.hash_blocks([torch.sign(g) for g in plain.gradients(ids, None)], batch=1)
+    torch.testing.assert_close(features, expected)
