@@ -120,3 +120,65 @@ def test_training_updates_go_through_the_public_defenses_and_the_hasher(tiny_vic
     features = signed.features(ids, None, generator)
     expected = hasher.hash_blocks([torch.sign(g) for g in plain.gradients(ids, None)], batch=1)
     torch.testing.assert_close(features, expected)
+
+
+# --- the inversion model ----------------------------------------------------------------------
+
+
+def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
+    """A tiny causal LM, one 6-token sentence per update, pseudo-sentences over 20 words: 40
+    Adam steps of 32 pairs read held-out tokens far above chance (5%); measured 97% after 150
+    steps, 79% under sign compression."""
+    from gradleak.attacks.lti.model import InversionModel
+    from gradleak.attacks.lti.pairs import TokenDistribution, UpdateSampler
+    from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
+
+    gm, _, knowledge = _one_sentence_scenario(tiny_victim)
+    keys = [s.key for s in gm.specs if "wte" not in s.key]
+    size = UpdateSampler(knowledge, keys, FeatureHasher(1, 1), "eval").size
+    hasher = FeatureHasher(size, size // 10, seed=0)
+    sampler = UpdateSampler(knowledge, keys, hasher, "eval")
+    vocab = gm.model.config.vocab_size
+    words = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"
+    distribution = TokenDistribution.count(words.split(), gm.victim.tokenizer, vocab, "words")
+    assert distribution.support == 20
+    free = int((knowledge.template_ids < 0).sum())
+    embedding = gm.model.get_input_embeddings().weight
+    torch.manual_seed(0)
+    model = InversionModel(hasher.k, free, vocab, head="embedding", embedding=embedding)
+
+    def draw(n, generator):
+        return distribution.draw(n * free, generator).view(n, free), None
+
+    budget = TrainingBudget(steps=40, batch=32, eval_every=20, patience=2, held_out=64)
+    report = train_inverter(model, sampler, draw, budget, torch.Generator().manual_seed(0))
+    assert report.steps == 40 and report.samples == 1280 and len(report.losses) == 2
+    assert report.best_accuracy > 30
+    # and on a fresh sentence, through the same features a client's update gives
+    contents, _ = draw(16, torch.Generator().manual_seed(99))
+    from gradleak.attacks.lti.pairs import fill_template
+
+    features = sampler.features(fill_template(knowledge.template_ids, contents), None, None)
+    accuracy = float((predict(model, features) == contents).float().mean())
+    assert accuracy > 0.3
+
+
+def _one_sentence_scenario(tiny_victim):
+    from gradleak.data import Example
+    from gradleak.federated.client import GlobalModel
+    from gradleak.federated.protocol import Protocol
+    from gradleak.federated.server import server_knowledge
+
+    gm = GlobalModel.build(tiny_victim("tiny-gpt2", "causal_lm"), Protocol(mode="eval"))
+    batch = gm.encode([Example("the cat sat on the mat")])
+    return gm, batch, server_knowledge(gm, batch)
+
+
+def test_the_paper_head_shares_one_output_layer_across_positions():
+    from gradleak.attacks.lti.model import InversionModel
+
+    model = InversionModel(50, positions=3, vocab_size=11, head="paper")
+    assert model(torch.randn(4, 50)).shape == (4, 3, 11)
+    assert model.head.weight.shape == (11, 1000)
+    with pytest.raises(ValueError, match="needs the victim's token embeddings"):
+        InversionModel(50, 3, 11, head="embedding")

@@ -1,0 +1,130 @@
+"""Training LTI's inversion model on the server's own (update, tokens) pairs.
+
+Each step makes a batch of server batches, computes their defended, hashed updates
+(:class:`~gradleak.attacks.lti.pairs.UpdateSampler`) and takes one Adam step on the mean
+cross-entropy of the predicted tokens at the free positions (Wu et al.: Adam, the learning
+rate dropped tenfold half-way). A held-out set of pairs, made once, scores the model every
+``eval_every`` steps; training stops after ``patience`` evaluations without improvement and
+the best weights are kept (the paper trains a fixed number of epochs; stopping early on
+held-out data spends a CPU budget better and cannot overfit the auxiliary set unseen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gradleak.attacks.lti.model import InversionModel
+from gradleak.attacks.lti.pairs import UpdateSampler, fill_template
+
+# (step, steps) after each step, for a progress bar.
+Progress = Callable[[int, int], None]
+# N -> (contents [N, F], labels [N, B] or None): a source of server batches' free tokens.
+Draw = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass
+class TrainingBudget:
+    steps: int = 2000
+    batch: int = 64
+    lr: float = 1e-3
+    eval_every: int = 100
+    patience: int = 5
+    held_out: int = 256
+
+
+@dataclass
+class TrainingReport:
+    steps: int
+    samples: int
+    best_loss: float
+    best_accuracy: float  # held-out token accuracy of the kept weights, in percent
+    seconds: float
+    losses: list[float] = field(default_factory=list)  # held-out loss at each evaluation
+
+
+def train_inverter(
+    model: InversionModel,
+    sampler: UpdateSampler,
+    draw: Draw,
+    budget: TrainingBudget,
+    generator: torch.Generator,
+    progress: Progress | None = None,
+) -> TrainingReport:
+    """Train ``model`` on pairs from ``draw``; it ends holding its best held-out weights."""
+    started = time.perf_counter()
+    template = sampler.knowledge.template_ids
+    held_contents, held_labels = draw(budget.held_out, generator)
+    held_features = _features(sampler, template, held_contents, held_labels, generator)
+    optimizer = torch.optim.Adam(model.parameters(), lr=budget.lr)
+    half = max(1, budget.steps // 2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=half, gamma=0.1)
+    best = (float("inf"), 0.0, _state(model))
+    losses: list[float] = []
+    waited = 0
+    step = 0
+    for step in range(1, budget.steps + 1):
+        contents, labels = draw(budget.batch, generator)
+        features = _features(sampler, template, contents, labels, generator)
+        model.train()
+        loss = _loss(model(features), contents)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        if progress:
+            progress(step, budget.steps)
+        if step % budget.eval_every == 0 or step == budget.steps:
+            held_loss, accuracy = evaluate(model, held_features, held_contents)
+            losses.append(held_loss)
+            if held_loss < best[0]:
+                best, waited = (held_loss, accuracy, _state(model)), 0
+            else:
+                waited += 1
+                if waited >= budget.patience:
+                    break
+    model.load_state_dict(best[2])
+    return TrainingReport(
+        steps=step,
+        samples=step * budget.batch,
+        best_loss=best[0],
+        best_accuracy=best[1],
+        seconds=time.perf_counter() - started,
+        losses=losses,
+    )
+
+
+def _features(sampler, template, contents, labels, generator) -> torch.Tensor:
+    ids = fill_template(template, contents.to(template.device))
+    return sampler.features(ids, None if labels is None else labels.to(ids.device), generator)
+
+
+def _loss(logits: torch.Tensor, contents: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), contents.to(logits.device).flatten())
+
+
+@torch.no_grad()
+def evaluate(
+    model: InversionModel, features: torch.Tensor, contents: torch.Tensor
+) -> tuple[float, float]:
+    """Held-out loss and token accuracy (percent) of ``model``."""
+    model.eval()
+    logits = model(features)
+    contents = contents.to(logits.device)
+    accuracy = float((logits.argmax(-1) == contents).float().mean()) * 100
+    return float(_loss(logits, contents)), accuracy
+
+
+def _state(model: InversionModel) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def predict(model: InversionModel, features: torch.Tensor) -> torch.Tensor:
+    """The most likely token at each free position: ``[N, P]``."""
+    model.eval()
+    return model(features).argmax(-1)
