@@ -129,8 +129,9 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     """A tiny causal LM, one 6-token sentence per update, pseudo-sentences over 20 words: 40
     Adam steps of 32 pairs read held-out tokens far above chance (5%); measured 97% after 150
     steps, 79% under sign compression."""
+    from gradleak.attacks.lti.batches import TokenDistribution
     from gradleak.attacks.lti.model import InversionModel
-    from gradleak.attacks.lti.pairs import TokenDistribution, UpdateSampler
+    from gradleak.attacks.lti.pairs import UpdateSampler
     from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
 
     gm, _, knowledge = _one_sentence_scenario(tiny_victim)
@@ -156,7 +157,7 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     assert report.best_accuracy > 30
     # and on a fresh sentence, through the same features a client's update gives
     contents, _ = draw(16, torch.Generator().manual_seed(99))
-    from gradleak.attacks.lti.pairs import fill_template
+    from gradleak.attacks.lti.batches import fill_template
 
     features = sampler.features(fill_template(knowledge.template_ids, contents), None, None)
     accuracy = float((predict(model, features) == contents).float().mean())
@@ -182,3 +183,93 @@ def test_the_paper_head_shares_one_output_layer_across_positions():
     assert model.head.weight.shape == (11, 1000)
     with pytest.raises(ValueError, match="needs the victim's token embeddings"):
         InversionModel(50, 3, 11, head="embedding")
+
+
+# --- the attacks ------------------------------------------------------------------------------
+
+WORDS = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"
+
+
+@pytest.fixture(scope="module")
+def word_files(tmp_path_factory):
+    """Private and auxiliary six-word sentences over the same 20 words (a vocabulary a short
+    training covers), in separate files."""
+    import random
+
+    folder = tmp_path_factory.mktemp("lti-data")
+    draw = random.Random(0)
+    words = WORDS.split()
+
+    def write(name: str, count: int):
+        lines = [" ".join(draw.choice(words) for _ in range(6)) for _ in range(count)]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return folder / name
+
+    return write("private.txt", 8), write("aux.txt", 200)
+
+
+SHORT = {"train_steps": 40, "train_batch": 32, "eval_every": 20, "held_out": 64}
+
+
+def lti_run(word_files, cache, monkeypatch, **options):
+    import gradleak
+
+    monkeypatch.setenv("GRADLEAK_CACHE_DIR", str(cache))
+    private, aux = word_files
+    given = {
+        "model": "tiny-gpt2", "task": "causal_lm", "dataset": f"file:{private}", "mode": "eval",
+        "n_inputs": 2, "progress": False,
+    }  # fmt: skip
+    if options.get("attack", "lti-p").startswith("lti"):
+        given |= {"aux_dataset": f"file:{aux}", **SHORT}
+    return gradleak.run(**(given | {"attack": "lti-p"} | options))
+
+
+def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
+    word_files, tmp_path, monkeypatch
+):
+    """Wu et al.'s Table 2 in miniature: under sign compression TAG recovers nothing (0 here,
+    0.06 in the paper) while LTI-P, 40 training steps on pseudo-sentences, reads tokens
+    (measured: ROUGE-1 39, token accuracy 29%; undefended 72 / 67%)."""
+    lti = lti_run(word_files, tmp_path, monkeypatch, defense="sign")
+    tag = lti_run(word_files, tmp_path, monkeypatch, attack="tag", steps=30, defense="sign")
+    assert lti.metrics.strict.rouge1 > tag.metrics.strict.rouge1 + 15
+    info = lti.samples[0].info
+    assert info["trained_now"] and info["training"]["data"]["texts"] == 200
+    assert lti.samples[1].info["checkpoint"] == info["checkpoint"]  # one model, both inputs
+    again = lti_run(word_files, tmp_path, monkeypatch, defense="sign")
+    assert not again.samples[0].info["trained_now"]
+    assert [s.prediction for s in again.samples] == [s.prediction for s in lti.samples]
+    # a checkpoint given for another scenario is refused, naming what differs
+    from gradleak.errors import GradleakError
+
+    with pytest.raises(GradleakError, match="was trained for another defenses"):
+        lti_run(word_files, tmp_path, monkeypatch, lti_checkpoint=info["checkpoint"])
+
+
+def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_path, monkeypatch):
+    from gradleak.errors import GradleakError
+
+    private, _ = word_files
+    with pytest.raises(GradleakError, match=r"lti trained on 1 of this batch's private texts"):
+        lti_run(
+            word_files, tmp_path, monkeypatch, attack="lti", aux_dataset=f"file:{private}",
+            n_inputs=1, train_steps=2,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"protocol": "fedavg"}, "learns to invert FedSGD gradients"),
+        ({"known_lengths": False}, "needs the private lengths: use --known-lengths"),
+        ({"defense": "dpsgd:clip=1.0,sigma=0.1"}, "models per-update defenses"),
+        ({"hash_fraction": 1.0, "model": "minilm", "task": "classification", "label": "1"},
+         "lower --hash-fraction"),
+    ],
+)  # fmt: skip
+def test_lti_says_where_it_does_not_apply(word_files, tmp_path, monkeypatch, options, message):
+    from gradleak.errors import GradleakError
+
+    with pytest.raises(GradleakError, match=message):
+        lti_run(word_files, tmp_path, monkeypatch, n_inputs=1, **options)

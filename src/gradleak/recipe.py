@@ -36,7 +36,7 @@ from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import server_round
-from gradleak.federated.server import server_knowledge
+from gradleak.federated.server import PublicData, server_knowledge
 from gradleak.models.registry import Victim, load_victim
 
 # Independent seed streams of one input: the attacked client, the attack, the attacked
@@ -138,7 +138,11 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     update_s = time.perf_counter() - started
     del batches
     public = tuple(d.settings for d in prepared.defenses if d.settings.public)
-    knowledge = server_knowledge(gm, batch, knows.known_labels, knows.known_lengths, public)
+    data = config.scenario.data
+    described = PublicData(data.dataset, data.split, data.data_dir, data.encoding)
+    knowledge = server_knowledge(
+        gm, batch, knows.known_labels, knows.known_lengths, public, described
+    )
     references_ids = [
         row[:n].tolist() for row, n in zip(batch.input_ids, batch.lengths, strict=True)
     ]
@@ -159,6 +163,7 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         failed = {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
         return failed | ({"info": privacy} if privacy else {})
     attack_s = time.perf_counter() - started
+    check_disjoint(attack, batch_examples)
     scores = evaluate(
         index,
         prepared.victim.tokenizer,
@@ -174,6 +179,20 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
         "peak_rss_mb": peak_memory_mb(),
         "info": reconstruction.info | privacy,
     }
+
+
+def check_disjoint(attack: Attack, private: list[Example]) -> None:
+    """The evaluator's check that a learning attack did not train on the private texts."""
+    trained_on = attack.training_texts()
+    if not trained_on:
+        return
+    leaked = [ex.text for ex in private if ex.text in trained_on]
+    if leaked:
+        raise GradleakError(
+            f"{attack.name} trained on {len(leaked)} of this batch's private texts (e.g. "
+            f"{leaked[0][:60]!r}): give it auxiliary text disjoint from the private data "
+            "(--aux-dataset / --aux-split)"
+        )
 
 
 def round_seeds(config: RunConfig, index: int, client: int) -> tuple[int, int]:

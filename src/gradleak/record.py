@@ -210,7 +210,8 @@ def _missing_plugins(data: dict[str, Any]) -> str | None:
 
     provenance = data.get("provenance") or {}
     config = data.get("config") or {}
-    attack = (config.get("attack") or {}).get("name")
+    attack = config.get("attack")
+    attack = attack.get("name") if isinstance(attack, dict) else attack  # a flat, older config
     parts = [("attack", attack, ATTACKS, provenance.get("attack"))]
     defenses = ((config.get("scenario") or {}).get("defenses")) or []
     for defense in defenses:

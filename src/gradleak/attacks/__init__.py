@@ -21,6 +21,8 @@ from gradleak.attacks.base import (
     Refusal,
 )
 from gradleak.attacks.dager import DagerAttack, DagerSettings
+from gradleak.attacks.lti.attack import LtiAttack
+from gradleak.attacks.lti.settings import LtiPSettings, LtiSettings
 from gradleak.attacks.optimization import (
     DlgSettings,
     LampCosSettings,
@@ -47,6 +49,8 @@ ATTACKS.register(OptimizationAttack, TagSettings)
 ATTACKS.register(OptimizationAttack, LampCosSettings)
 ATTACKS.register(OptimizationAttack, LampL2L1Settings)
 ATTACKS.register(DagerAttack, DagerSettings)
+ATTACKS.register(LtiAttack, LtiSettings)
+ATTACKS.register(LtiAttack, LtiPSettings)
 
 
 def make_attack(name: str, **settings: Any) -> Attack:

@@ -10,6 +10,7 @@ computed again. The private batch never reaches an attack.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -100,6 +101,12 @@ class Attack(ABC, Generic[SettingsT]):
 
     def release(self) -> None:
         """Drop what ``prepare`` loaded (a parent process whose workers load their own)."""
+
+    def training_texts(self) -> Collection[str]:
+        """The texts the attack has trained on so far (LTI's auxiliary data): the evaluator
+        refuses a run whose private examples are among them. Empty for attacks that learn
+        nothing from data."""
+        return ()
 
     def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan | Refusal:
         """Decide whether this update can be attacked; the plan is handed to ``run``."""

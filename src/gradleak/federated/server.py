@@ -19,6 +19,17 @@ from gradleak.models.tasks import EncodedBatch
 
 
 @dataclass(frozen=True)
+class PublicData:
+    """The public description of the clients' data: the corpus their text comes from (a
+    server that trains on auxiliary text picks it by this), never which examples they hold."""
+
+    dataset: str
+    split: str | None = None
+    data_dir: str | None = None
+    encoding: str | None = None
+
+
+@dataclass(frozen=True)
 class ServerKnowledge:
     """The server's view of a round.
 
@@ -37,6 +48,7 @@ class ServerKnowledge:
     # The client's defenses the scenario declares public, in order, with their parameters
     # (``gradleak.defenses`` settings): an adaptive attack may undo or model them.
     defenses: tuple[Any, ...] = ()
+    public_data: PublicData | None = None
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -71,6 +83,7 @@ def server_knowledge(
     known_labels: bool = True,
     known_lengths: bool = True,
     public_defenses: Sequence[Any] = (),
+    public_data: PublicData | None = None,
 ) -> ServerKnowledge:
     """Extract the declared-known facts of ``batch``; the batch itself stays with the caller."""
     tokenizer = global_model.victim.tokenizer
@@ -86,4 +99,5 @@ def server_knowledge(
         ),
         labels={k: v.clone() for k, v in batch.labels.items()} if known_labels else None,
         defenses=tuple(public_defenses),
+        public_data=public_data,
     )

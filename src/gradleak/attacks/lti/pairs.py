@@ -16,8 +16,7 @@ set of full gradients is ever held.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -148,45 +147,3 @@ def update_features(
     if missing:
         raise GradleakError(f"the update lacks {missing[0]}, which the inversion model reads")
     return hasher.hash_blocks([update.tensors[key] for key in keys])
-
-
-# --- the server's batches --------------------------------------------------------------------
-
-
-class TokenDistribution:
-    """A marginal token distribution (LTI-P's only knowledge of the data): counts of the
-    victim tokenizer's ids over a public text, its special tokens left out."""
-
-    def __init__(self, counts: torch.Tensor, source: str) -> None:
-        if counts.sum() <= 0:
-            raise GradleakError(f"the token distribution from {source} is empty: give more text")
-        self.probabilities = counts.double() / counts.sum()
-        self.source = source
-
-    @classmethod
-    def count(cls, texts: Iterable[str], tokenizer, vocab_size: int, source: str):
-        special = set(tokenizer.all_special_ids)
-        counted: Counter[int] = Counter()
-        for text in texts:
-            counted.update(t for t in tokenizer(text)["input_ids"] if t not in special)
-        counts = torch.zeros(vocab_size, dtype=torch.float64)
-        for token, n in counted.items():
-            if token < vocab_size:
-                counts[token] = n
-        return cls(counts, source)
-
-    @property
-    def support(self) -> int:
-        return int((self.probabilities > 0).sum())
-
-    def draw(self, count: int, generator: torch.Generator) -> torch.Tensor:
-        return torch.multinomial(self.probabilities, count, replacement=True, generator=generator)
-
-
-def fill_template(template: torch.Tensor, contents: torch.Tensor) -> torch.Tensor:
-    """``[N, B, L]`` ids: the template's known ids, and ``contents`` (``[N, F]``, F the number
-    of free positions) at its free positions in row-major order."""
-    free = template < 0
-    ids = template.clamp(min=0).expand(contents.shape[0], -1, -1).clone()
-    ids[:, free] = contents
-    return ids

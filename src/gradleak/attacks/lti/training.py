@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from gradleak.attacks.lti.batches import fill_template
 from gradleak.attacks.lti.model import InversionModel
-from gradleak.attacks.lti.pairs import UpdateSampler, fill_template
+from gradleak.attacks.lti.pairs import UpdateSampler
 
 # (step, steps) after each step, for a progress bar.
 Progress = Callable[[int, int], None]

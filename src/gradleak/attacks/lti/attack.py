@@ -1,0 +1,317 @@
+"""LTI and LTI-P as attacks: train (or load) the inversion model for the scenario, then read
+each client update through it.
+
+The inversion model is trained once per scenario and reused for every input of a run, and
+across runs through the checkpoint cache. It is the server's own work: auxiliary or pseudo
+text, the global model and the public defenses; the private batch never reaches it (the
+evaluator checks that the auxiliary text holds none of the private examples).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradleak.attacks.base import Attack, Plan, Reconstruction
+from gradleak.attacks.lti import checkpoint
+from gradleak.attacks.lti.batches import TokenDistribution, aux_contents, fill_template
+from gradleak.attacks.lti.hashing import FeatureHasher
+from gradleak.attacks.lti.model import FIRST, InversionModel
+from gradleak.attacks.lti.pairs import UpdateSampler, update_features
+from gradleak.attacks.lti.settings import LtiPSettings, LtiSettings
+from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
+from gradleak.data import load_examples
+from gradleak.data.specs import DATASETS
+from gradleak.defenses import DEFENSES
+from gradleak.errors import GradleakError
+from gradleak.federated.client import ClientUpdate
+from gradleak.federated.server import ServerKnowledge
+from gradleak.models.tasks import unwrap
+from gradleak.progress import progress_bar
+
+# The first layer holds k x 600 weights: beyond this many bytes, hash to fewer bins.
+MAX_FIRST_LAYER_BYTES = 4 * 2**30
+NUM_LABELS = 2
+
+
+@dataclass
+class LtiPlan(Plan):
+    keys: list[str]
+    size: int  # coordinates of the features before hashing
+    bins: int
+
+
+@dataclass
+class _Trained:
+    model: InversionModel
+    info: dict[str, Any]
+    texts: frozenset[str]
+
+
+class LtiAttack(Attack[LtiSettings]):
+    """Learning to Invert (Wu et al. 2023): LTI on auxiliary text, LTI-P on pseudo-text."""
+
+    description = "a learned inversion model of hashed updates (Wu et al. 2023)"
+
+    def __init__(self, settings: LtiSettings) -> None:
+        super().__init__(settings)
+        self._trained: dict[str, _Trained] = {}
+
+    @property
+    def pseudo(self) -> bool:
+        return isinstance(self.settings, LtiPSettings)
+
+    def release(self) -> None:
+        self._trained = {}
+
+    def training_texts(self) -> frozenset[str]:
+        return frozenset().union(*(t.texts for t in self._trained.values()))
+
+    # --- whether it applies ---------------------------------------------------------------
+
+    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> LtiPlan:
+        if update.kind != "gradient":
+            raise GradleakError(
+                f"{self.name} learns to invert FedSGD gradients (Wu et al.'s setting); a FedAvg "
+                "weight delta needs --protocol fedsgd, or attack it with dager or lamp"
+            )
+        if knowledge.template_ids is None:
+            raise GradleakError(
+                f"{self.name} predicts a fixed number of tokens and needs the private lengths: "
+                "use --known-lengths"
+            )
+        for settings in knowledge.defenses:
+            if DEFENSES[settings.name].implementation.stage != "per_update":
+                raise GradleakError(
+                    f"{self.name} trains on updates defended as the client's are and models "
+                    f"per-update defenses (noise, prune, sign), not {settings.name}: attack "
+                    "with dager or the optimization attacks"
+                )
+        keys = feature_keys(update, knowledge)
+        size = sum(update.tensors[key].numel() for key in keys)
+        bins = max(1, round(self.settings.hash_fraction * size))
+        if bins * FIRST * 4 > MAX_FIRST_LAYER_BYTES:
+            raise GradleakError(
+                f"the update has {size:,} coordinates: {self.settings.hash_fraction:g} of them "
+                f"is {bins:,} bins and a first layer of {bins * FIRST * 4 / 2**30:.1f} GiB; "
+                "lower --hash-fraction"
+            )
+        return LtiPlan(keys=keys, size=size, bins=bins)
+
+    # --- the attack ---------------------------------------------------------------------------
+
+    def run(
+        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+    ) -> Reconstruction:
+        assert isinstance(plan, LtiPlan)
+        started = time.perf_counter()
+        hasher = FeatureHasher(
+            plan.size, plan.bins, self.settings.hash_seed, self.settings.signed_hash
+        )
+        trained = self._inverter(update, knowledge, plan, hasher)
+        ready = time.perf_counter()
+        features = update_features(update, plan.keys, hasher).to(
+            next(trained.model.parameters()).device
+        )
+        contents = predict(trained.model, features[None])
+        ids = fill_template(knowledge.template_ids, contents)[0]
+        token_ids = [
+            row[:length].tolist() for row, length in zip(ids, knowledge.lengths, strict=True)
+        ]
+        seconds = {"train": ready - started, "invert": time.perf_counter() - ready}
+        return Reconstruction(token_ids=token_ids, info=dict(trained.info), seconds=seconds)
+
+    def _inverter(
+        self,
+        update: ClientUpdate,
+        knowledge: ServerKnowledge,
+        plan: LtiPlan,
+        hasher: FeatureHasher,
+    ) -> _Trained:
+        """The trained model for this scenario: held, cached on disk, given, or trained now."""
+        texts, source = self._training_text(knowledge)
+        key = self._key(update, knowledge, plan, hasher, texts, source)
+        name = checkpoint.digest(key)
+        if name in self._trained:
+            return self._trained[name]
+        model = self._model(knowledge, plan)
+        path = (
+            checkpoint.cached_path(key)
+            if self.settings.checkpoint is None
+            else Path(self.settings.checkpoint)
+        )
+        if self.settings.checkpoint is not None or path.is_file():
+            state, info = checkpoint.load(path, key)
+            model.load_state_dict(state, strict=False)
+            info = info | {"checkpoint": str(path), "trained_now": False}
+        else:
+            info = self._train(model, knowledge, plan, hasher, texts, source)
+            checkpoint.save(path, _trainable_state(model), key, info)
+            info = info | {"checkpoint": str(path), "trained_now": True}
+        trained = _Trained(model, info, frozenset(texts))
+        self._trained[name] = trained
+        return trained
+
+    def _model(self, knowledge: ServerKnowledge, plan: LtiPlan) -> InversionModel:
+        gm = knowledge.global_model
+        table = gm.adapter.token_embedding(unwrap(gm.model)).weight
+        free = int((knowledge.template_ids < 0).sum())
+        torch.manual_seed(self.settings.hash_seed)  # the model's init: part of its key
+        model = InversionModel(
+            plan.bins, free, table.shape[0], head=self.settings.head, embedding=table
+        )
+        return model.to(gm.device)
+
+    def _train(self, model, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
+        s = self.settings
+        mode = knowledge.global_model.protocol.mode
+        sampler = UpdateSampler(knowledge, plan.keys, hasher, mode)
+        draw = self._draw(knowledge, texts, source)
+        budget = TrainingBudget(
+            steps=s.train_steps,
+            batch=s.train_batch,
+            lr=s.train_lr,
+            eval_every=s.eval_every,
+            patience=s.patience,
+            held_out=s.held_out,
+        )
+        generator = torch.Generator().manual_seed(s.hash_seed)
+        with progress_bar(f"training the {self.name} inversion model", s.train_steps) as bar:
+            report = train_inverter(model, sampler, draw, budget, generator, bar)
+        return {
+            "training": {
+                "data": source,
+                "steps": report.steps,
+                "updates": report.samples,
+                "seconds": round(report.seconds, 1),
+                "held_out_loss": report.best_loss,
+                "held_out_token_accuracy": report.best_accuracy,
+            },
+            "features": {"coordinates": plan.size, "bins": plan.bins},
+        }
+
+    def _draw(self, knowledge: ServerKnowledge, texts: list[str], source: dict[str, Any]):
+        """The source of training batches' free tokens (and labels)."""
+        gm = knowledge.global_model
+        template = knowledge.template_ids.to("cpu")
+        free = int((template < 0).sum())
+        known = None if knowledge.labels is None else knowledge.labels.get("label")
+        classify = gm.task == "classification"
+
+        def labels_for(n: int, generator: torch.Generator) -> torch.Tensor | None:
+            if not classify:
+                return None
+            if known is not None:
+                return known.to("cpu").expand(n, -1)
+            shape = (n, knowledge.batch_size)
+            return torch.randint(NUM_LABELS, shape, generator=generator, device="cpu")
+
+        if self.pseudo:
+            vocab = gm.adapter.token_embedding(unwrap(gm.model)).weight.shape[0]
+            distribution = TokenDistribution.count(texts, gm.victim.tokenizer, vocab, str(source))
+
+            def draw(n: int, generator: torch.Generator):
+                contents = distribution.draw(n * free, generator).view(n, free)
+                return contents, labels_for(n, generator)
+
+            return draw
+        pool = aux_contents(texts, gm.victim.tokenizer, template)
+        order: list[int] = []
+
+        def draw_aux(n: int, generator: torch.Generator):
+            nonlocal order
+            picked = []
+            for _ in range(n):  # epochs over the pool, shuffled each time
+                if not order:
+                    order = torch.randperm(len(pool), generator=generator).tolist()
+                picked.append(order.pop())
+            return pool[picked], labels_for(n, generator)
+
+        return draw_aux
+
+    # --- the training data ------------------------------------------------------------------
+
+    def _training_text(self, knowledge: ServerKnowledge) -> tuple[list[str], dict[str, Any]]:
+        """The auxiliary texts (LTI's training data, LTI-P's token counts) and their
+        description for the record."""
+        s = self.settings
+        public = knowledge.public_data
+        name = s.aux_dataset or (public.dataset if public else None)
+        if self.pseudo and s.token_distribution:
+            name = s.token_distribution
+        if name is None:
+            raise GradleakError(
+                f"{self.name} needs auxiliary text: give --aux-dataset (a dataset name, "
+                "file:PATH or hf:NAME)"
+            )
+        # by default, another split of the private dataset; text named explicitly is taken whole
+        same = public is not None and name == public.dataset and s.aux_dataset is None
+        split = s.aux_split or (other_split(name, public.split) if same else None)
+        data_dir = s.aux_data_dir or (public.data_dir if public else None)
+        examples = load_examples(name, data_dir, split)
+        texts = [ex.text for ex in examples][: s.aux_size]
+        source = {"dataset": name, "split": split, "texts": len(texts)}
+        return texts, source | {"fingerprint": checkpoint.texts_digest(texts)}
+
+    def _key(self, update, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
+        gm = knowledge.global_model
+        params = dict(gm.model.named_parameters())
+        s = self.settings
+        return {
+            "attack": self.name,
+            "model": gm.victim.name,
+            "task": gm.task,
+            "weights": checkpoint.weights_digest([params[x.param] for x in gm.specs]),
+            "template": knowledge.template_ids.tolist(),
+            "labels": {k: v.tolist() for k, v in (knowledge.labels or {}).items()},
+            "mode": gm.protocol.mode,
+            "defenses": [d.model_dump(mode="json") for d in knowledge.defenses],
+            "tensors": plan.keys,
+            "hashing": [hasher.m, hasher.k, hasher.seed, hasher.signed],
+            "head": s.head,
+            "data": source,
+            "budget": [s.train_steps, s.train_batch, s.train_lr, s.eval_every, s.patience,
+                       s.held_out],
+        }  # fmt: skip
+
+
+def feature_keys(update: ClientUpdate, knowledge: ServerKnowledge) -> list[str]:
+    """The update's tensors the inversion model reads, in the update's order: all of them but
+    a token embedding tied to the output layer (Wu et al. leave the embedding out)."""
+    gm = knowledge.global_model
+    hf = unwrap(gm.model)
+    table = gm.adapter.token_embedding(hf).weight
+    tied = [n for n, p in gm.model.named_parameters() if p is table]
+    tied_to_head = getattr(hf.config, "tie_word_embeddings", False) and gm.task == "causal_lm"
+    skipped = {s.key for s in gm.specs if s.param in tied} if tied_to_head else set()
+    keys = [s.key for s in gm.specs if s.key in update.tensors and s.key not in skipped]
+    if not keys:
+        raise GradleakError("the update holds no tensor the inversion model can read")
+    return keys
+
+
+def other_split(dataset: str, private: str | None) -> str:
+    """A split of ``dataset`` the private texts are not drawn from."""
+    spec = DATASETS.get(dataset)
+    if spec is None:
+        raise GradleakError(
+            f"{dataset} has no named splits: give the auxiliary text with --aux-dataset"
+        )
+    private = private or spec.default_split
+    others = [split for split in spec.splits if split != private]
+    if not others:
+        raise GradleakError(
+            f"{dataset} has one split, which the private texts come from: give auxiliary text "
+            "with --aux-dataset"
+        )
+    return others[0]
+
+
+def _trainable_state(model: InversionModel) -> dict[str, torch.Tensor]:
+    """What a checkpoint stores: the learned weights (the embedding head's table is the
+    victim's, rebuilt from the global model)."""
+    return dict(model.state_dict())

@@ -1,0 +1,86 @@
+"""Trained inversion models on disk: safetensors files keyed by what they were trained for.
+
+A model is only valid for the update it was trained to read: the same global weights, task,
+known template and labels, client mode, public defenses, update tensors, hashing and head, and
+the same training data and budget. Those facts are the checkpoint's key; its digest names the
+cache file (``$GRADLEAK_CACHE_DIR/lti/DIGEST.safetensors``), so a later run with the same key
+loads the model instead of training it again, and a checkpoint given explicitly is refused,
+naming the first fact that differs, when its key is another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from gradleak.errors import GradleakError
+from gradleak.models.cache import cache_dir
+
+
+def digest(key: dict[str, Any]) -> str:
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def weights_digest(tensors: list[torch.Tensor]) -> str:
+    """A fingerprint of the global model's weights (their bytes, in order)."""
+    h = hashlib.sha256()
+    for tensor in tensors:
+        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def texts_digest(texts: list[str]) -> str:
+    """A fingerprint of a list of texts (the training data)."""
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode("utf-8") + b"\x00")
+    return h.hexdigest()[:24]
+
+
+def cached_path(key: dict[str, Any]) -> Path:
+    return cache_dir() / "lti" / f"{digest(key)}.safetensors"
+
+
+def save(path: Path, state: dict[str, torch.Tensor], key: dict[str, Any], info: dict) -> None:
+    """Write a checkpoint atomically (a reader sees the old file or the whole new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    save_file(tensors, str(partial), metadata={"key": json.dumps(key), "info": json.dumps(info)})
+    os.replace(partial, path)
+
+
+def load(path: Path, key: dict[str, Any] | None) -> tuple[dict[str, torch.Tensor], dict]:
+    """A checkpoint's tensors and info; with ``key``, refused unless trained for it."""
+    if not path.is_file():
+        raise GradleakError(f"no inversion-model checkpoint at {path}: train one (drop the path)")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            state = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except Exception as exc:  # noqa: BLE001  a foreign or damaged file: one line
+        raise GradleakError(f"{path} is not an inversion-model checkpoint ({exc})") from None
+    if "key" not in metadata:
+        raise GradleakError(f"{path} is not an inversion-model checkpoint (no key in it)")
+    stored = json.loads(metadata["key"])
+    if key is not None and stored != key:
+        field = next(k for k in sorted(set(key) | set(stored)) if key.get(k) != stored.get(k))
+        raise GradleakError(
+            f"{path} was trained for another {field} ({_short(stored.get(field))}, this update "
+            f"needs {_short(key.get(field))}): train one for this scenario (drop the checkpoint)"
+        )
+    return state, json.loads(metadata.get("info", "{}"))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
