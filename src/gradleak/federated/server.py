@@ -37,6 +37,9 @@ class ServerKnowledge:
     # The client's defenses the scenario declares public, in order, with their parameters
     # (``gradleak.defenses`` settings): an adaptive attack may undo or model them.
     defenses: tuple[Any, ...] = ()
+    # The samples are chunks of a token stream (``--chunk-tokens``): no BOS before them, no EOS
+    # after them. The data format is the federation's, public like the tokenizer.
+    raw_tokens: bool = False
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -86,4 +89,5 @@ def server_knowledge(
         ),
         labels={k: v.clone() for k, v in batch.labels.items()} if known_labels else None,
         defenses=tuple(public_defenses),
+        raw_tokens=batch.raw_tokens,
     )
