@@ -16,7 +16,7 @@ from gradleak.models.adapters import ROLES, MPNetAdapter
 from gradleak.models.registry import MODELS, load_victim, model_status
 from gradleak.models.tasks import encode_examples
 
-PACKAGED = "minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama"
+PACKAGED = "minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama, lti-lm"
 
 
 def _without_package(monkeypatch, name):

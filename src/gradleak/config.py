@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializeAsAny,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -44,12 +45,25 @@ class DataConfig(BaseModel):
     n_inputs: int = Field(1, ge=1, description="number of private batches to attack")
     batch_size: int = Field(1, ge=1, description="private samples per client update (n_k)")
     max_tokens: int | None = Field(None, ge=2, description="truncate sequences to this many tokens")
+    chunk_tokens: int | None = Field(
+        None,
+        ge=2,
+        description="causal_lm: cut the split's token stream (the model's tokenizer, lines in "
+        "order) into samples of exactly N tokens without BOS/EOS, as Wu et al. (N=16)",
+    )
     sample_seed: int = Field(101, description="seed of the input order (LAMP: 101)")
 
     @field_validator("label", mode="before")
     @classmethod
     def _label_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) else value
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _chunks_are_not_truncated(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") is not None:
+            raise ValueError("a chunk has exactly this many tokens: drop --max-tokens")
+        return value
 
 
 class Knowledge(BaseModel):

@@ -20,8 +20,10 @@ from gradleak.config import RunConfig
 from gradleak.data import (
     Example,
     assign_labels,
+    chunk_examples,
     load_examples,
     natural_task,
+    require_chunkable,
     sample_batches,
 )
 from gradleak.defenses import (
@@ -81,22 +83,43 @@ def prepare(config: RunConfig, device: torch.device | str = "cpu") -> Prepared:
     examples = load_examples(data.dataset, data.data_dir, data.split, data.encoding)
     examples, notice = assign_labels(examples, data.label, seed=data.sample_seed)
     defenses = build_defenses(scenario.defenses)
-    batches, others = client_batches(examples, config, clients_of(defenses))
     task = scenario.task or natural_task(data.dataset, examples)
+    if data.chunk_tokens is not None:
+        require_chunkable(task)
     attack = build_attack(config)
     attack.prepare()
     victim = load_victim(scenario.model, task, seed=config.seed)
     if task == "causal_lm" and not victim.is_decoder:
         raise GradleakError(
-            f"task causal_lm needs a decoder model (smollm2, tiny-gpt2, tiny-llama); "
+            f"task causal_lm needs a decoder model (smollm2, lti-lm, tiny-gpt2, tiny-llama); "
             f"{scenario.model} is an encoder: use --task classification"
         )
+    examples = chunked(examples, victim, config)
+    batches, others = client_batches(examples, config, clients_of(defenses))
     # built on the CPU (LoRA's initialization is drawn there: the same on every device)
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     global_model.model.to(device)
     load_s = time.perf_counter() - start
     notices = [notice] if notice else []
     return Prepared(victim, global_model, batches, others, task, attack, defenses, load_s, notices)
+
+
+def chunked(examples: list[Example], victim: Victim, config: RunConfig) -> list[Example]:
+    """The examples the clients hold: as loaded, or with ``--chunk-tokens N`` the split's
+    token stream in the victim's tokenizer cut into N-token chunks (``data.chunk_examples``),
+    which the private batches then pick in LAMP's order as they pick sentences."""
+    data = config.scenario.data
+    size = data.chunk_tokens
+    if size is None:
+        return examples
+    limit = victim.adapter.max_positions(victim.model)
+    if size > limit:
+        raise GradleakError(
+            f"--chunk-tokens {size} exceeds the {limit} positions of model "
+            f"{config.scenario.model}: lower --chunk-tokens"
+        )
+    split = f" split {data.split!r}" if data.split else ""
+    return chunk_examples(examples, victim.tokenizer, size, f"dataset {data.dataset!r}{split}")
 
 
 def client_batches(

@@ -24,16 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gradleak import __version__
 from gradleak.config import RunConfig
-from gradleak.data import Example, load_examples, natural_task, sample_batches
+from gradleak.data import Example, load_examples, natural_task, require_chunkable, sample_batches
 from gradleak.defenses import build_defenses
 from gradleak.devices import resolve_device
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.round import client_update, split_at_combination
-from gradleak.models.registry import load_victim
+from gradleak.models.registry import Victim, load_victim
 from gradleak.models.tasks import classification_logits, model_inputs, task_loss, unwrap
-from gradleak.recipe import derived_seed
+from gradleak.recipe import chunked, derived_seed
 
 UTILITY_STREAM = 1000  # seed streams of the fine-tuning's clients, apart from the attacks'
 
@@ -100,13 +100,17 @@ def measure_utility(
     task = scenario.task or natural_task(data.dataset, train)
     if task == "qa":
         raise GradleakError("utility covers classification and causal_lm; --task qa has none")
+    if data.chunk_tokens is not None:
+        require_chunkable(task)
     own, combining, _ = split_at_combination(build_defenses(scenario.defenses))
     if combining is not None:
         raise GradleakError(
             f"utility runs {settings.clients} clients per round itself: drop {combining.name} "
             "from --defense and set --clients"
         )
-    dev = _dev_examples(config, settings)
+    victim = load_victim(scenario.model, task, seed=config.seed)
+    train = chunked(train, victim, config)
+    dev = _dev_examples(config, settings, victim)
     clients = settings.rounds * settings.clients
     if clients * settings.samples > len(train):
         raise GradleakError(
@@ -114,7 +118,6 @@ def measure_utility(
             f"{settings.samples} examples, but the training data has {len(train)}: lower one"
         )
     batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
-    victim = load_victim(scenario.model, task, seed=config.seed)
     gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     gm.model.to(placed)  # after LoRA's initialization, drawn on the CPU
     server = ServerStep(gm, settings.server_optimizer, settings.server_lr)
@@ -141,7 +144,8 @@ def measure_utility(
     )
 
 
-def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]:
+def _dev_examples(config: RunConfig, settings: UtilitySettings, victim: Victim) -> list[Example]:
+    """The dev examples scored (chunked as the training data is, with ``--chunk-tokens``)."""
     data = config.scenario.data
     name = settings.eval_dataset or data.dataset
     split = None if settings.eval_dataset else settings.eval_split
@@ -151,7 +155,7 @@ def _dev_examples(config: RunConfig, settings: UtilitySettings) -> list[Example]
             "--eval-split or --eval-dataset"
         )
     dev = load_examples(name, data.data_dir, split, data.encoding)
-    return dev[: settings.eval_examples]
+    return chunked(dev, victim, config)[: settings.eval_examples]
 
 
 class ServerStep:

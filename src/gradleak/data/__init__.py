@@ -9,9 +9,11 @@ The public API, in one place::
 Modules: :mod:`~gradleak.data.specs` (the table of named datasets), :mod:`~gradleak.data.formats`
 (one reader per file format), :mod:`~gradleak.data.sources` (registered name, ``file:PATH`` or
 ``hf:NAME`` to examples), :mod:`~gradleak.data.userfiles`, :mod:`~gradleak.data.hub`,
-:mod:`~gradleak.data.labels` (labels for unlabeled files), :mod:`~gradleak.data.sampling`.
+:mod:`~gradleak.data.labels` (labels for unlabeled files), :mod:`~gradleak.data.chunks`
+(fixed-length token chunks of a causal-LM dataset), :mod:`~gradleak.data.sampling`.
 """
 
+from gradleak.data.chunks import chunk_examples, require_chunkable, token_stream
 from gradleak.data.demo import demo_examples
 from gradleak.data.examples import Example
 from gradleak.data.hub import HF_PREFIX, load_hub
@@ -39,6 +41,7 @@ __all__ = [
     "DatasetSpec",
     "Example",
     "assign_labels",
+    "chunk_examples",
     "dataset_status",
     "demo_examples",
     "get_spec",
@@ -47,6 +50,8 @@ __all__ = [
     "load_file",
     "load_hub",
     "natural_task",
+    "require_chunkable",
     "resolve_data_dir",
     "sample_batches",
+    "token_stream",
 ]

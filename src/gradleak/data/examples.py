@@ -16,6 +16,11 @@ class Example:
     ``text`` is what an attacker tries to reconstruct: the sentence for classification and
     language modelling, the question for QA (the paragraph goes in ``context``). Frozen so that
     a batch handed to the evaluator as ground truth cannot be changed on the way.
+
+    ``token_ids``: the example's exact tokens in the victim's vocabulary, for a sample cut from
+    a token stream (``chunk_examples``); the client trains on exactly these ids, with no special
+    token and no EOS added, and ``text`` is their decoding (for reading only: decoding and
+    re-tokenizing byte-level BPE need not give the same ids back). None for text examples.
     """
 
     text: str
@@ -23,3 +28,4 @@ class Example:
     context: str | None = None
     answer_start: int | None = None
     answer_text: str | None = None
+    token_ids: tuple[int, ...] | None = None

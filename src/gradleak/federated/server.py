@@ -49,6 +49,9 @@ class ServerKnowledge:
     # (``gradleak.defenses`` settings): an adaptive attack may undo or model them.
     defenses: tuple[Any, ...] = ()
     public_data: PublicData | None = None
+    # The samples are chunks of a token stream (``--chunk-tokens``): no BOS before them, no EOS
+    # after them. The data format is the federation's, public like the tokenizer.
+    raw_tokens: bool = False
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -100,4 +103,5 @@ def server_knowledge(
         labels={k: v.clone() for k, v in batch.labels.items()} if known_labels else None,
         defenses=tuple(public_defenses),
         public_data=public_data,
+        raw_tokens=batch.raw_tokens,
     )

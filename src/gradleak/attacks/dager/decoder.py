@@ -58,14 +58,21 @@ class DecoderSearch(SentenceSearch):
     """The prefix search over one update's token candidates."""
 
     def run(
-        self, candidates: list[list[int]], tokenizer, batch_size: int
+        self,
+        candidates: list[list[int]],
+        tokenizer,
+        batch_size: int,
+        start: list[int] | None = None,
     ) -> list[tuple[list[int], float]]:
         """Extend prefixes one token at a time; keep those whose new position passes layer 2.
 
-        Returns every prefix that stopped growing, with the largest distance it passed at."""
+        ``start``: the tokens every sequence begins with (default: the tokenizer's own, such
+        as BOS; none for chunks cut from a token stream). Returns every prefix that stopped
+        growing, with the largest distance it passed at."""
         # Tokens the tokenizer always puts first (BOS) are public knowledge: seeding the beam
         # with them matters because position 0's query gets no gradient in a causal model.
-        start = start_tokens(tokenizer)
+        if start is None:
+            start = start_tokens(tokenizer)
         beam = self._start_beam(start)
         finished: list[tuple[list[int], float]] = []
         checked = 0
