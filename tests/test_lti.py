@@ -129,7 +129,7 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     """A tiny causal LM, one 6-token sentence per update, pseudo-sentences over 20 words: 40
     Adam steps of 32 pairs read held-out tokens far above chance (5%); measured 97% after 150
     steps, 79% under sign compression."""
-    from gradleak.attacks.lti.batches import TokenDistribution
+    from gradleak.attacks.lti.batches import TokenDistribution, content_ids
     from gradleak.attacks.lti.model import InversionModel
     from gradleak.attacks.lti.pairs import UpdateSampler
     from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
@@ -141,7 +141,9 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     sampler = UpdateSampler(knowledge, keys, hasher, "eval")
     vocab = gm.model.config.vocab_size
     words = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"
-    distribution = TokenDistribution.count(words.split(), gm.victim.tokenizer, vocab, "words")
+    tokenizer = gm.victim.tokenizer
+    sequences = [content_ids(tokenizer, word) for word in words.split()]
+    distribution = TokenDistribution.count(sequences, vocab, "words")
     assert distribution.support == 20
     free = int((knowledge.template_ids < 0).sum())
     embedding = gm.model.get_input_embeddings().weight

@@ -162,7 +162,9 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     del batches
     public = tuple(d.settings for d in prepared.defenses if d.settings.public)
     data = config.scenario.data
-    described = PublicData(data.dataset, data.split, data.data_dir, data.encoding)
+    described = PublicData(
+        data.dataset, data.split, data.data_dir, data.encoding, data.chunk_tokens
+    )
     knowledge = server_knowledge(
         gm, batch, knows.known_labels, knows.known_lengths, public, described
     )

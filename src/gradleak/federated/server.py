@@ -27,6 +27,7 @@ class PublicData:
     split: str | None = None
     data_dir: str | None = None
     encoding: str | None = None
+    chunk_tokens: int | None = None  # the samples are N-token chunks of the split's stream
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,18 @@ import torch
 
 from gradleak.attacks.base import Attack, Plan, Reconstruction
 from gradleak.attacks.lti import checkpoint
-from gradleak.attacks.lti.batches import TokenDistribution, aux_contents, fill_template
+from gradleak.attacks.lti.batches import (
+    TokenDistribution,
+    aux_contents,
+    content_ids,
+    fill_template,
+)
 from gradleak.attacks.lti.hashing import FeatureHasher
 from gradleak.attacks.lti.model import FIRST, InversionModel
 from gradleak.attacks.lti.pairs import UpdateSampler, update_features
 from gradleak.attacks.lti.settings import LtiPSettings, LtiSettings
 from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
-from gradleak.data import load_examples
+from gradleak.data import chunk_examples, load_examples
 from gradleak.data.specs import DATASETS
 from gradleak.defenses import DEFENSES
 from gradleak.errors import GradleakError
@@ -133,7 +138,7 @@ class LtiAttack(Attack[LtiSettings]):
         hasher: FeatureHasher,
     ) -> _Trained:
         """The trained model for this scenario: held, cached on disk, given, or trained now."""
-        texts, source = self._training_text(knowledge)
+        sequences, texts, source = self._training_data(knowledge)
         key = self._key(update, knowledge, plan, hasher, texts, source)
         name = checkpoint.digest(key)
         if name in self._trained:
@@ -149,7 +154,7 @@ class LtiAttack(Attack[LtiSettings]):
             model.load_state_dict(state, strict=False)
             info = info | {"checkpoint": str(path), "trained_now": False}
         else:
-            info = self._train(model, knowledge, plan, hasher, texts, source)
+            info = self._train(model, knowledge, plan, hasher, sequences, source)
             checkpoint.save(path, _trainable_state(model), key, info)
             info = info | {"checkpoint": str(path), "trained_now": True}
         trained = _Trained(model, info, frozenset(texts))
@@ -166,11 +171,11 @@ class LtiAttack(Attack[LtiSettings]):
         )
         return model.to(gm.device)
 
-    def _train(self, model, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
+    def _train(self, model, knowledge, plan, hasher, sequences, source) -> dict[str, Any]:
         s = self.settings
         mode = knowledge.global_model.protocol.mode
         sampler = UpdateSampler(knowledge, plan.keys, hasher, mode)
-        draw = self._draw(knowledge, texts, source)
+        draw = self._draw(knowledge, sequences, source)
         budget = TrainingBudget(
             steps=s.train_steps,
             batch=s.train_batch,
@@ -194,7 +199,7 @@ class LtiAttack(Attack[LtiSettings]):
             "features": {"coordinates": plan.size, "bins": plan.bins},
         }
 
-    def _draw(self, knowledge: ServerKnowledge, texts: list[str], source: dict[str, Any]):
+    def _draw(self, knowledge: ServerKnowledge, sequences: list[list[int]], source: dict):
         """The source of training batches' free tokens (and labels)."""
         gm = knowledge.global_model
         template = knowledge.template_ids.to("cpu")
@@ -212,14 +217,14 @@ class LtiAttack(Attack[LtiSettings]):
 
         if self.pseudo:
             vocab = gm.adapter.token_embedding(unwrap(gm.model)).weight.shape[0]
-            distribution = TokenDistribution.count(texts, gm.victim.tokenizer, vocab, str(source))
+            distribution = TokenDistribution.count(sequences, vocab, str(source))
 
             def draw(n: int, generator: torch.Generator):
                 contents = distribution.draw(n * free, generator).view(n, free)
                 return contents, labels_for(n, generator)
 
             return draw
-        pool = aux_contents(texts, gm.victim.tokenizer, template)
+        pool = aux_contents(sequences, template)
         order: list[int] = []
 
         def draw_aux(n: int, generator: torch.Generator):
@@ -235,9 +240,12 @@ class LtiAttack(Attack[LtiSettings]):
 
     # --- the training data ------------------------------------------------------------------
 
-    def _training_text(self, knowledge: ServerKnowledge) -> tuple[list[str], dict[str, Any]]:
-        """The auxiliary texts (LTI's training data, LTI-P's token counts) and their
-        description for the record."""
+    def _training_data(
+        self, knowledge: ServerKnowledge
+    ) -> tuple[list[list[int]], list[str], dict[str, Any]]:
+        """The auxiliary text (LTI's training data, LTI-P's token counts) as content token ids
+        and as texts (the evaluator's overlap check), and its description for the record.
+        Where the private samples are N-token chunks of a stream, so is the auxiliary text."""
         s = self.settings
         public = knowledge.public_data
         name = s.aux_dataset or (public.dataset if public else None)
@@ -253,9 +261,18 @@ class LtiAttack(Attack[LtiSettings]):
         split = s.aux_split or (other_split(name, public.split) if same else None)
         data_dir = s.aux_data_dir or (public.data_dir if public else None)
         examples = load_examples(name, data_dir, split)
-        texts = [ex.text for ex in examples][: s.aux_size]
-        source = {"dataset": name, "split": split, "texts": len(texts)}
-        return texts, source | {"fingerprint": checkpoint.texts_digest(texts)}
+        tokenizer = knowledge.global_model.victim.tokenizer
+        chunk = public.chunk_tokens if public else None
+        if chunk is not None:
+            examples = chunk_examples(examples, tokenizer, chunk, f"auxiliary text {name!r}")
+        examples = examples[: s.aux_size]
+        texts = [ex.text for ex in examples]
+        sequences = [
+            list(ex.token_ids) if ex.token_ids is not None else content_ids(tokenizer, ex.text)
+            for ex in examples
+        ]
+        source = {"dataset": name, "split": split, "texts": len(texts), "chunk_tokens": chunk}
+        return sequences, texts, source | {"fingerprint": checkpoint.texts_digest(texts)}
 
     def _key(self, update, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
         gm = knowledge.global_model

@@ -37,21 +37,19 @@ def content_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [t for t in tokenizer(text)["input_ids"] if t not in special]
 
 
-def aux_contents(
-    texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, template: torch.Tensor
-) -> torch.Tensor:
+def aux_contents(sequences: Iterable[Sequence[int]], template: torch.Tensor) -> torch.Tensor:
     """Auxiliary batches in the template's shape: ``[M, F]``. Row b of a batch takes the
-    first ``f_b`` tokens of the next text that has that many (longer texts are cut, shorter
-    ones skipped): LTI's model predicts a fixed number of tokens per row."""
+    first ``f_b`` tokens of the next sequence (a text's content ids) that has that many
+    (longer ones are cut, shorter ones skipped): LTI's model predicts a fixed number of tokens
+    per row."""
     wanted = free_counts(template)
     rows: list[list[int]] = []
     batch: list[int] = []
     row = 0
-    for text in texts:
-        ids = content_ids(tokenizer, text)
+    for ids in sequences:
         if len(ids) < wanted[row]:
             continue
-        batch += ids[: wanted[row]]
+        batch += list(ids[: wanted[row]])
         row += 1
         if row == len(wanted):
             rows.append(batch)
@@ -76,15 +74,12 @@ class TokenDistribution:
 
     @classmethod
     def count(
-        cls,
-        texts: Iterable[str],
-        tokenizer: PreTrainedTokenizerBase,
-        vocab_size: int,
-        source: str,
+        cls, sequences: Iterable[Sequence[int]], vocab_size: int, source: str
     ) -> TokenDistribution:
+        """The distribution of the tokens in ``sequences`` (texts' content ids)."""
         counted: Counter[int] = Counter()
-        for text in texts:
-            counted.update(content_ids(tokenizer, text))
+        for ids in sequences:
+            counted.update(ids)
         counts = torch.zeros(vocab_size, dtype=torch.float64, device="cpu")
         for token, n in counted.items():
             if token < vocab_size:
