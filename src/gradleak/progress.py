@@ -7,7 +7,14 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 # update(done, total): called as steps finish
 Advance = Callable[[int, int], None]
@@ -17,7 +24,7 @@ Advance = Callable[[int, int], None]
 def progress_bar(description: str, total: int) -> Iterator[Advance]:
     """A bar for ``total`` steps, gone when the block ends (the result is what stays)."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -319,7 +319,12 @@ def other_split(dataset: str, private: str | None) -> str:
             f"{dataset} has no named splits: give the auxiliary text with --aux-dataset"
         )
     private = private or spec.default_split
-    others = [split for split in spec.splits if split != private]
+    # splits whose files the benchmark data folder has (wikitext2's train split is not in it)
+    others = [
+        split
+        for split in spec.splits
+        if split != private and not set(spec.split_files[split]) <= spec.not_shared
+    ]
     if not others:
         raise GradleakError(
             f"{dataset} has one split, which the private texts come from: give auxiliary text "
