@@ -275,3 +275,50 @@ def test_lti_says_where_it_does_not_apply(word_files, tmp_path, monkeypatch, opt
 
     with pytest.raises(GradleakError, match=message):
         lti_run(word_files, tmp_path, monkeypatch, n_inputs=1, **options)
+
+
+def test_an_interrupted_training_resumes_to_the_same_model(tiny_victim, tmp_path):
+    from gradleak.attacks.lti.batches import TokenDistribution
+    from gradleak.attacks.lti.model import InversionModel
+    from gradleak.attacks.lti.pairs import UpdateSampler
+    from gradleak.attacks.lti.training import TrainingBudget, train_inverter
+
+    gm, _, knowledge = _one_sentence_scenario(tiny_victim)
+    keys = [s.key for s in gm.specs if "wte" not in s.key]
+    size = UpdateSampler(knowledge, keys, FeatureHasher(1, 1), "eval").size
+    sampler = UpdateSampler(knowledge, keys, FeatureHasher(size, 500), "eval")
+    counts = torch.zeros(gm.model.config.vocab_size, dtype=torch.float64)
+    counts[1000:1020] = 1.0
+    distribution = TokenDistribution(counts, "twenty tokens")
+    free = int((knowledge.template_ids < 0).sum())
+    budget = TrainingBudget(steps=12, batch=8, eval_every=4, patience=9, held_out=8)
+
+    def draw(n, generator):
+        return distribution.draw(n * free, generator).view(n, free), None
+
+    def model():
+        torch.manual_seed(0)
+        return InversionModel(500, free, gm.model.config.vocab_size, head="paper")
+
+    whole = model()
+    report = train_inverter(whole, sampler, draw, budget, torch.Generator().manual_seed(1))
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_10(step, _total):
+        if step == 10:
+            raise Stop
+
+    snapshot = tmp_path / "job.safetensors"
+    interrupted = model()
+    with pytest.raises(Stop):
+        train_inverter(interrupted, sampler, draw, budget, torch.Generator().manual_seed(1),
+                       stop_at_step_10, snapshot)  # fmt: skip
+    assert snapshot.is_file()  # written at step 8
+    resumed = model()
+    again = train_inverter(resumed, sampler, draw, budget, torch.Generator().manual_seed(1),
+                           None, snapshot)  # fmt: skip
+    assert again.steps == report.steps == 12 and again.losses == report.losses
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name

@@ -154,8 +154,10 @@ class LtiAttack(Attack[LtiSettings]):
             model.load_state_dict(state, strict=False)
             info = info | {"checkpoint": str(path), "trained_now": False}
         else:
-            info = self._train(model, knowledge, plan, hasher, sequences, source)
+            job = path.with_name(path.stem + ".job.safetensors")  # resumed if interrupted
+            info = self._train(model, knowledge, plan, hasher, sequences, source, job)
             checkpoint.save(path, _trainable_state(model), key, info)
+            job.unlink(missing_ok=True)
             info = info | {"checkpoint": str(path), "trained_now": True}
         trained = _Trained(model, info, frozenset(texts))
         self._trained[name] = trained
@@ -171,7 +173,9 @@ class LtiAttack(Attack[LtiSettings]):
         )
         return model.to(gm.device)
 
-    def _train(self, model, knowledge, plan, hasher, sequences, source) -> dict[str, Any]:
+    def _train(
+        self, model, knowledge, plan, hasher, sequences, source, job: Path
+    ) -> dict[str, Any]:
         s = self.settings
         mode = knowledge.global_model.protocol.mode
         sampler = UpdateSampler(knowledge, plan.keys, hasher, mode)
@@ -186,7 +190,7 @@ class LtiAttack(Attack[LtiSettings]):
         )
         generator = torch.Generator().manual_seed(s.hash_seed)
         with progress_bar(f"training the {self.name} inversion model", s.train_steps) as bar:
-            report = train_inverter(model, sampler, draw, budget, generator, bar)
+            report = train_inverter(model, sampler, draw, budget, generator, bar, job)
         return {
             "training": {
                 "data": source,

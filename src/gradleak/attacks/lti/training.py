@@ -14,10 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from gradleak.attacks.lti import checkpoint
 from gradleak.attacks.lti.batches import fill_template
 from gradleak.attacks.lti.model import InversionModel
 from gradleak.attacks.lti.pairs import UpdateSampler
@@ -55,20 +57,29 @@ def train_inverter(
     budget: TrainingBudget,
     generator: torch.Generator,
     progress: Progress | None = None,
+    snapshot: Path | None = None,
 ) -> TrainingReport:
-    """Train ``model`` on pairs from ``draw``; it ends holding its best held-out weights."""
+    """Train ``model`` on pairs from ``draw``; it ends holding its best held-out weights.
+
+    With ``snapshot``, the job's state (weights, Adam's moments, the best weights so far, the
+    random generator) is written there at every evaluation, and a job that finds one resumes
+    from it: an interrupted training loses at most ``eval_every`` steps. (Auxiliary text is
+    reshuffled from the restored generator, so a resumed LTI job visits it in another order
+    than an uninterrupted one would.)"""
     started = time.perf_counter()
     template = sampler.knowledge.template_ids
     held_contents, held_labels = draw(budget.held_out, generator)
     held_features = _features(sampler, template, held_contents, held_labels, generator)
     optimizer = torch.optim.Adam(model.parameters(), lr=budget.lr)
+    job = _Job(best=(float("inf"), 0.0, _state(model)))
+    if snapshot is not None and snapshot.is_file():
+        job = _restore(snapshot, model, optimizer, generator)
     half = max(1, budget.steps // 2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=half, gamma=0.1)
-    best = (float("inf"), 0.0, _state(model))
-    losses: list[float] = []
-    waited = 0
-    step = 0
-    for step in range(1, budget.steps + 1):
+    step = job.step
+    while step < budget.steps:
+        step += 1
+        for group in optimizer.param_groups:  # Wu et al.: tenfold lower after half the steps
+            group["lr"] = budget.lr * (0.1 if step > half else 1.0)
         contents, labels = draw(budget.batch, generator)
         features = _features(sampler, template, contents, labels, generator)
         model.train()
@@ -76,26 +87,75 @@ def train_inverter(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        scheduler.step()
         if progress:
             progress(step, budget.steps)
         if step % budget.eval_every == 0 or step == budget.steps:
             held_loss, accuracy = evaluate(model, held_features, held_contents)
-            losses.append(held_loss)
-            if held_loss < best[0]:
-                best, waited = (held_loss, accuracy, _state(model)), 0
+            job.losses.append(held_loss)
+            if held_loss < job.best[0]:
+                job.best, job.waited = (held_loss, accuracy, _state(model)), 0
             else:
-                waited += 1
-                if waited >= budget.patience:
-                    break
-    model.load_state_dict(best[2])
+                job.waited += 1
+            job.step = step
+            if snapshot is not None:
+                elapsed = job.seconds + time.perf_counter() - started
+                _save(snapshot, job, model, optimizer, generator, elapsed)
+            if job.waited >= budget.patience:
+                break
+    model.load_state_dict(job.best[2])
     return TrainingReport(
         steps=step,
         samples=step * budget.batch,
-        best_loss=best[0],
-        best_accuracy=best[1],
-        seconds=time.perf_counter() - started,
-        losses=losses,
+        best_loss=job.best[0],
+        best_accuracy=job.best[1],
+        seconds=time.perf_counter() - started + job.seconds,
+        losses=job.losses,
+    )
+
+
+@dataclass
+class _Job:
+    """A training job's progress: what a snapshot holds besides the tensors."""
+
+    best: tuple[float, float, dict[str, torch.Tensor]]
+    step: int = 0
+    waited: int = 0
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # spent before the last resume
+
+
+def _save(
+    path: Path, job: _Job, model, optimizer, generator: torch.Generator, elapsed: float
+) -> None:
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors |= {f"best.{k}": v for k, v in job.best[2].items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        tensors |= {f"adam.{index}.{k}": torch.as_tensor(v) for k, v in state.items()}
+    tensors["generator"] = generator.get_state()
+    info = {"step": job.step, "waited": job.waited, "losses": job.losses,
+            "best": job.best[:2], "seconds": elapsed}  # fmt: skip
+    checkpoint.save(path, tensors, {"snapshot": True}, info)
+
+
+def _restore(path: Path, model, optimizer, generator: torch.Generator) -> _Job:
+    tensors, info = checkpoint.load(path, {"snapshot": True})
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = optimizer.state_dict()
+    moments: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("adam."):
+            _, index, key = name.split(".", 2)
+            moments.setdefault(int(index), {})[key] = value
+    state["state"] = moments
+    optimizer.load_state_dict(state)
+    generator.set_state(tensors["generator"])
+    best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
+    return _Job(
+        best=(info["best"][0], info["best"][1], best),
+        step=info["step"],
+        waited=info["waited"],
+        losses=info["losses"],
+        seconds=info["seconds"],
     )
 
 
