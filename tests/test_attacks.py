@@ -193,7 +193,7 @@ def test_unknown_attack_and_bad_settings_are_errors():
     with pytest.raises(GradleakError) as error:
         make_attack("lamp-magic")
     assert str(error.value) == (
-        "unknown attack 'lamp-magic': use one of dlg, tag, lamp-cos, lamp-l2l1, dager"
+        "unknown attack 'lamp-magic': use one of dlg, tag, lamp-cos, lamp-l2l1, dager, lti, lti-p"
     )
     with pytest.raises(GradleakError) as error:
         make_attack("tag", steps=0)

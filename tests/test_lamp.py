@@ -242,8 +242,8 @@ def test_bad_prior_is_a_one_line_error():
         make_attack("lamp-cos", prior="no-such-model").prepare()
     assert str(error.value) == (
         "cannot use 'no-such-model' as the LM prior (unknown model 'no-such-model': no such "
-        "model folder; packaged models: minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama, or "
-        "hf:ORG/NAME to fetch from the hub); use smollm2, none, or a causal LM"
+        "model folder; packaged models: minilm, smollm2, tiny-bert, tiny-gpt2, tiny-llama, "
+        "lti-lm, or hf:ORG/NAME to fetch from the hub); use smollm2, none, or a causal LM"
     )
     with pytest.raises(GradleakError) as error:
         make_attack("lamp-cos", prior="tiny-bert").prepare()

@@ -283,4 +283,4 @@ def test_bad_run_time_registrations_are_one_line_errors(isolated):
         gradleak.register_defense(ConstantAttack)
     with pytest.raises(GradleakError, match="comes from gradleak 0.1.0, not from register_attack"):
         ATTACKS.unregister("tag")
-    assert ATTACKS.names() == ["dlg", "tag", "lamp-cos", "lamp-l2l1", "dager"]
+    assert ATTACKS.names() == ["dlg", "tag", "lamp-cos", "lamp-l2l1", "dager", "lti", "lti-p"]
