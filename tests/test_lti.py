@@ -322,3 +322,25 @@ def test_an_interrupted_training_resumes_to_the_same_model(tiny_victim, tmp_path
     assert again.steps == report.steps == 12 and again.losses == report.losses
     for name, tensor in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[name], tensor), name
+
+
+def test_the_private_batch_never_reaches_the_trainer(word_files, tmp_path, monkeypatch):
+    """Spy on every batch the inversion model is trained or evaluated on: none is a private
+    sentence (the server makes its own batches; the private ones go to the evaluator only)."""
+    from gradleak.attacks.lti import pairs
+
+    seen: list[list[int]] = []
+    gradients = pairs.UpdateSampler.gradients
+
+    def spy(self, ids, labels):
+        seen.extend(row.tolist() for row in ids.flatten(0, 1))
+        return gradients(self, ids, labels)
+
+    monkeypatch.setattr(pairs.UpdateSampler, "gradients", spy)
+    record = lti_run(word_files, tmp_path, monkeypatch, train_steps=4, eval_every=2)
+    import gradleak
+
+    tokenizer = gradleak.load_model("tiny-gpt2", "causal_lm")[1]
+    private = [tokenizer(s.reference[0])["input_ids"] for s in record.samples]
+    assert len(seen) == 64 + 4 * 32  # the held-out set and the training steps
+    assert all(sentence[1:-1] not in [row[1:-1] for row in seen] for sentence in private)
