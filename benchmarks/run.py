@@ -34,6 +34,13 @@ Suites:
                  0.01 vs TAG and LAMP_cos (adapted losses) and DAGER, MiniLM CoLA B=1.
   defense_dpsgd  Li, Xu & Dras Table 2: DP-SGD clip 1, sigma 0-0.5, vs LAMP_cos (full and
                  layer 3's q), TAG, DAGER on MiniLM SST-2 B=1; epsilon in every record.
+  lti_speed      LTI's costs on lti-lm: training updates per second (per-example gradients,
+                 hashing), an inversion-model step with each head, reading one update.
+  lti_table2     Wu et al. Table 2: TAG, LTI, LTI-P on lti-lm, 16-token WikiText-2 chunks,
+                 none / sign / prune keep 0.01 / noise 0.01 (200 inputs; TAG 20 at 500 steps).
+  lti_aux        LTI under sign compression with 1k, 5k and all auxiliary chunks.
+  lti_vs_lamp    LTI-P vs LAMP_cos vs DAGER on MiniLM CoLA B=1, eval and train mode, each
+                 defense of Table 2 (4 inputs, 400 steps).
 The defense suites run 4 inputs per cell at 400 steps unless --batches / --steps say otherwise.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.
@@ -54,9 +61,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dp_step  # noqa: E402
+import lti_speed  # noqa: E402
 import suites_dager  # noqa: E402
 import suites_defenses  # noqa: E402
 import suites_lamp  # noqa: E402
+import suites_lti  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
 from cells import run_suite  # noqa: E402
@@ -69,10 +78,15 @@ CELL_SUITES = {
     **suites_lamp.SUITES,
     **suites_dager.SUITES,
     **suites_defenses.SUITES,
+    **suites_lti.SUITES,
 }  # tables of ordinary runs
-TIMED_SUITES = {**timing.SUITES, **update_time.SUITES, **dp_step.SUITES}  # measured in-process
+# measured in-process
+TIMED_SUITES = {**timing.SUITES, **update_time.SUITES, **dp_step.SUITES, **lti_speed.SUITES}
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
-DEFAULT_SIZES = {suite: suites_defenses.DEFAULT_SIZE for suite in suites_defenses.SUITES}
+DEFAULT_SIZES = {
+    **{suite: suites_defenses.DEFAULT_SIZE for suite in suites_defenses.SUITES},
+    **suites_lti.DEFAULT_SIZES,
+}
 
 
 def main() -> None:

@@ -1,0 +1,84 @@
+"""Learning-to-Invert suites (Wu et al. 2023): their Table 2 on their victim, LTI's dependence on
+the amount of auxiliary text, and LTI-P against LAMP and DAGER on LAMP's setting.
+
+The learned attacks train once per scenario (per defense here: one private length, the
+16-token chunks) and read every input in well under a second, so their cells take many
+inputs; TAG pays its whole optimization per input and gets fewer, at a reduced budget (the
+table says so).
+"""
+
+from __future__ import annotations
+
+from cells import Cell, cell
+from suites_defenses import COMPRESSION
+
+# Wu et al.'s victim and samples: 16-token WikiText chunks, the test split private (the
+# learned attacks train on the validation split, their default: another split of the data).
+WIKI = {"task": "causal_lm", "split": "test", "chunk_tokens": 16, "mode": "train"}
+# A training budget that fits about an hour per model on 2 CPU cores (measured: about 3 s a
+# step of 64 updates on lti-lm beside other jobs); Wu et al. train 20 (paper) / 100 (code)
+# epochs of 180k updates on a GPU.
+TRAINING = {"train_steps": 1000, "train_batch": 64, "eval_every": 100, "patience": 3}
+LEARNED_INPUTS = 200  # the issue's size: at least 200 WikiText-2 test chunks
+TAG_INPUTS, TAG_STEPS = 20, 500  # TAG costs minutes per input on lti-lm at its 2500 steps
+AUX_SIZES = (1000, 5000, None)  # None: the whole validation split
+
+
+def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
+    """Wu et al. Table 2: TAG (the public defense's adapted loss), LTI and LTI-P under no
+    defense, sign compression, pruning keep 0.01 and Gaussian noise 0.01 on lti-lm. ``batches``
+    sets the learned attacks' inputs (default 200); TAG runs 20 at 500 steps."""
+    cells = []
+    for label, defense in COMPRESSION.items():
+        learned = {**WIKI, "defense": defense, **TRAINING}
+        tag = {**WIKI, "defense": defense, "attack": "tag", "steps": TAG_STEPS}
+        cells += [
+            (f"tag-wiki-{label}", cell("lti-lm", "wikitext2", 1, TAG_INPUTS, data_dir, **tag)),
+            (f"lti-wiki-{label}", cell("lti-lm", "wikitext2", 1, batches, data_dir,
+                                       attack="lti", **learned)),
+            (f"lti-p-wiki-{label}", cell("lti-lm", "wikitext2", 1, batches, data_dir,
+                                         attack="lti-p", **learned)),
+        ]  # fmt: skip
+    return cells
+
+
+def lti_aux(batches: int, data_dir: str | None) -> list[Cell]:
+    """LTI under sign compression with 1k, 5k and all auxiliary chunks (WikiText-2
+    validation, 16,248 chunks of SmolLM2's tokens)."""
+    cells = []
+    for size in AUX_SIZES:
+        options = {**WIKI, "defense": "sign", **TRAINING, "attack": "lti"}
+        if size is not None:
+            options["aux_size"] = size
+        label = "all" if size is None else f"{size // 1000}k"
+        cells.append((f"lti-wiki-sign-aux{label}",
+                      cell("lti-lm", "wikitext2", 1, batches, data_dir, **options)))  # fmt: skip
+    return cells
+
+
+def lti_vs_lamp(batches: int, data_dir: str | None) -> list[Cell]:
+    """LTI-P against LAMP_cos and DAGER on MiniLM, CoLA B=1, eval- and train-mode clients,
+    undefended and under each of Table 2's defenses. LTI-P hashes 1% of MiniLM's 22.7M
+    coordinates (Wu et al.'s choice for BERT on CoLA) and, CoLA's sentences differing in
+    length, trains a model per private length."""
+    cells = []
+    for mode in ("eval", "train"):
+        for label, defense in COMPRESSION.items():
+            common = {"mode": mode, "defense": defense}
+            variants = {
+                "lti-p": {"attack": "lti-p", "hash_fraction": 0.01, **TRAINING},
+                "lamp-cos": {"attack": "lamp-cos"},
+                "dager": {"attack": "dager", "known_lengths": False},
+            }
+            for name, options in variants.items():
+                fields = cell("minilm", "cola", 1, batches, data_dir, **common, **options)
+                cells.append((f"{name}-cola-{mode}-{label}", fields))
+    return cells
+
+
+SUITES = {"lti_table2": lti_table2, "lti_aux": lti_aux, "lti_vs_lamp": lti_vs_lamp}
+DEFAULT_SIZES = {
+    "lti_table2": {"batches": LEARNED_INPUTS},
+    "lti_aux": {"batches": LEARNED_INPUTS},
+    "lti_vs_lamp": {"batches": 4, "steps": 400},
+}
