@@ -34,7 +34,9 @@ class LtiSettings(AttackSettings):
     hash_fraction: float = Field(
         0.1, gt=0, le=1, description="bins of the feature hashing, as a fraction of the update"
     )
-    hash_seed: int = Field(0, description="seed of the feature hashing")
+    hash_seed: int = Field(
+        0, description="seed of the feature hashing, the inversion model's init and its training"
+    )
     signed_hash: bool = Field(
         False, description="hash with random signs (Weinberger); Wu et al.'s code sums unsigned"
     )
