@@ -214,8 +214,7 @@ class CausalLMPrior:
         return next(self.model.parameters()).device
 
     def _score_tree(self, tree: PrefixTree) -> dict[Row, tuple[float, int]]:
-        parameter = next(self.model.parameters())
-        device, dtype = parameter.device, parameter.dtype
+        device, dtype = self.device, next(self.model.parameters()).dtype
         allowed = tree.allowed()
         blocked = torch.finfo(dtype).min  # additive: works for eager and SDPA attention
         allowed = allowed.to(device)

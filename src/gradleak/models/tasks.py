@@ -6,7 +6,7 @@ dummy batch equal to the private one yields exactly the client's gradient (a tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -45,12 +45,12 @@ class EncodedBatch:
 
     def to(self, device: torch.device | str) -> EncodedBatch:
         """The same batch on ``device`` (where the model it trains is)."""
-        return EncodedBatch(
+        return replace(
+            self,
             input_ids=self.input_ids.to(device),
             attention_mask=self.attention_mask.to(device),
             labels={k: v.to(device) for k, v in self.labels.items()},
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids.to(device),
-            raw_tokens=self.raw_tokens,
         )
 
     def select(self, rows: list[int] | torch.Tensor) -> EncodedBatch:

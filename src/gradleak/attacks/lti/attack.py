@@ -10,11 +10,13 @@ evaluator checks that the auxiliary text holds none of the private examples).
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from gradleak.attacks.base import Attack, Plan, Reconstruction
 from gradleak.attacks.lti import checkpoint
@@ -26,12 +28,12 @@ from gradleak.attacks.lti.batches import (
 )
 from gradleak.attacks.lti.hashing import FeatureHasher
 from gradleak.attacks.lti.model import FIRST, InversionModel
-from gradleak.attacks.lti.pairs import UpdateSampler, update_features
+from gradleak.attacks.lti.pairs import UpdateSampler, require_modelled, update_features
 from gradleak.attacks.lti.settings import LtiPSettings, LtiSettings
 from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverter
 from gradleak.data import chunk_examples, load_examples
 from gradleak.data.specs import DATASETS
-from gradleak.defenses import DEFENSES
+from gradleak.defenses import build_defenses
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
@@ -54,7 +56,6 @@ class LtiPlan(Plan):
 class _Trained:
     model: InversionModel
     info: dict[str, Any]
-    texts: frozenset[str]
 
 
 class LtiAttack(Attack[LtiSettings]):
@@ -65,16 +66,22 @@ class LtiAttack(Attack[LtiSettings]):
     def __init__(self, settings: LtiSettings) -> None:
         super().__init__(settings)
         self._trained: dict[str, _Trained] = {}
+        # What every input of a run shares, computed at the first: the auxiliary text (loaded,
+        # chunked, tokenized) and the global weights' digest (held while the model lives).
+        self._data: dict[tuple, tuple[list[list[int]], list[str], dict[str, Any]]] = {}
+        self._weights: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._texts: frozenset[str] = frozenset()
 
     @property
     def pseudo(self) -> bool:
         return isinstance(self.settings, LtiPSettings)
 
     def release(self) -> None:
-        self._trained = {}
+        self._trained, self._data, self._texts = {}, {}, frozenset()
+        self._weights = weakref.WeakKeyDictionary()
 
     def training_texts(self) -> frozenset[str]:
-        return frozenset().union(*(t.texts for t in self._trained.values()))
+        return self._texts
 
     # --- whether it applies ---------------------------------------------------------------
 
@@ -89,13 +96,7 @@ class LtiAttack(Attack[LtiSettings]):
                 f"{self.name} predicts a fixed number of tokens and needs the private lengths: "
                 "use --known-lengths"
             )
-        for settings in knowledge.defenses:
-            if DEFENSES[settings.name].implementation.stage != "per_update":
-                raise GradleakError(
-                    f"{self.name} trains on updates defended as the client's are and models "
-                    f"per-update defenses (noise, prune, sign), not {settings.name}: attack "
-                    "with dager or the optimization attacks"
-                )
+        require_modelled(build_defenses(knowledge.defenses), self.name)
         keys = feature_keys(update, knowledge)
         size = sum(update.tensors[key].numel() for key in keys)
         bins = max(1, round(self.settings.hash_fraction * size))
@@ -156,11 +157,12 @@ class LtiAttack(Attack[LtiSettings]):
         else:
             job = path.with_name(path.stem + ".job.safetensors")  # resumed if interrupted
             info = self._train(model, knowledge, plan, hasher, sequences, source, job)
-            checkpoint.save(path, _trainable_state(model), key, info)
+            checkpoint.save(path, model.state_dict(), key, info)
             job.unlink(missing_ok=True)
             info = info | {"checkpoint": str(path), "trained_now": True}
-        trained = _Trained(model, info, frozenset(texts))
+        trained = _Trained(model, info)
         self._trained[name] = trained
+        self._texts = self._texts | frozenset(texts)
         return trained
 
     def _model(self, knowledge: ServerKnowledge, plan: LtiPlan) -> InversionModel:
@@ -264,9 +266,17 @@ class LtiAttack(Attack[LtiSettings]):
         same = public is not None and name == public.dataset and s.aux_dataset is None
         split = s.aux_split or (other_split(name, public.split) if same else None)
         data_dir = s.aux_data_dir or (public.data_dir if public else None)
-        examples = load_examples(name, data_dir, split)
         tokenizer = knowledge.global_model.victim.tokenizer
         chunk = public.chunk_tokens if public else None
+        wanted = (name, split, data_dir, chunk, tokenizer.name_or_path, len(tokenizer))
+        if wanted not in self._data:
+            self._data[wanted] = self._read(name, split, data_dir, chunk, tokenizer)
+        return self._data[wanted]
+
+    def _read(self, name, split, data_dir, chunk, tokenizer):
+        """The auxiliary text as :meth:`_training_data` returns it, read from its source."""
+        s = self.settings
+        examples = load_examples(name, data_dir, split)
         if chunk is not None:
             examples = chunk_examples(examples, tokenizer, chunk, f"auxiliary text {name!r}")
         examples = examples[: s.aux_size]
@@ -280,13 +290,16 @@ class LtiAttack(Attack[LtiSettings]):
 
     def _key(self, update, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
         gm = knowledge.global_model
-        params = dict(gm.model.named_parameters())
+        if gm.model not in self._weights:
+            params = dict(gm.model.named_parameters())
+            tensors = [params[x.param] for x in gm.specs]
+            self._weights[gm.model] = checkpoint.weights_digest(tensors)
         s = self.settings
         return {
             "attack": self.name,
             "model": gm.victim.name,
             "task": gm.task,
-            "weights": checkpoint.weights_digest([params[x.param] for x in gm.specs]),
+            "weights": self._weights[gm.model],
             "template": knowledge.template_ids.tolist(),
             "labels": {k: v.tolist() for k, v in (knowledge.labels or {}).items()},
             "mode": gm.protocol.mode,
@@ -335,9 +348,3 @@ def other_split(dataset: str, private: str | None) -> str:
             "with --aux-dataset"
         )
     return others[0]
-
-
-def _trainable_state(model: InversionModel) -> dict[str, torch.Tensor]:
-    """What a checkpoint stores: the learned weights (the embedding head's table is the
-    victim's, rebuilt from the global model)."""
-    return dict(model.state_dict())

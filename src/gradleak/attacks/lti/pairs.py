@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from gradleak.attacks.lti.hashing import FeatureHasher
-from gradleak.defenses import build_defenses
+from gradleak.defenses import Defense, build_defenses
 from gradleak.errors import GradleakError
 from gradleak.federated.client import ClientUpdate, GlobalModel, client_mode, update_metadata
 from gradleak.federated.server import ServerKnowledge
@@ -69,22 +69,13 @@ class UpdateSampler:
         self.params = {n: p.detach() for n, p in gm.model.named_parameters() if n in names}
         self.loss = _IdsLoss(gm)
         self.defenses = build_defenses(knowledge.defenses)
-        unsupported = [d.name for d in self.defenses if d.stage != "per_update"]
-        if unsupported:
-            raise GradleakError(
-                f"lti trains on updates defended as the client's are, and it models per-update "
-                f"defenses only (noise, prune, sign), not {', '.join(unsupported)}: attack "
-                "with dager or the optimization attacks, or declare that defense private"
-            )
+        require_modelled(self.defenses)
 
     @property
     def size(self) -> int:
         """Coordinates of one update's features (before hashing)."""
-        return sum(self.specs_numel())
-
-    def specs_numel(self) -> list[int]:
         params = dict(self.global_model.model.named_parameters())
-        return [s.take(params[s.param]).numel() for s in self.specs]
+        return sum(s.take(params[s.param]).numel() for s in self.specs)
 
     def _one(self, params, ids, mask, labels, token_type_ids) -> list[torch.Tensor]:
         named = {"model." + n: t for n, t in params.items()}
@@ -137,6 +128,19 @@ class UpdateSampler:
         """Hashed, defended updates of ``N`` batches: ``[N, k]``."""
         tensors = self.defended(self.gradients(ids, labels), generator)
         return self.hasher.hash_blocks(tensors, batch=ids.shape[0])
+
+
+def require_modelled(defenses: Sequence[Defense], attack: str = "lti") -> None:
+    """LTI trains on updates defended as the client's are: it can apply per-update defenses
+    (noise, prune, sign) to its own updates, not those that act inside the client's steps or
+    across clients."""
+    unsupported = [d.name for d in defenses if d.stage != "per_update"]
+    if unsupported:
+        raise GradleakError(
+            f"{attack} trains on updates defended as the client's are and models per-update "
+            f"defenses (noise, prune, sign), not {', '.join(unsupported)}: attack with dager or "
+            "the optimization attacks, or declare that defense private"
+        )
 
 
 def update_features(
