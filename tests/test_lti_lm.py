@@ -20,7 +20,8 @@ from gradleak.models.registry import load_victim, model_status
 from gradleak.models.tasks import encode_examples
 
 # Wu et al.'s count: per block ln_1, c_attn (q/k/v), c_proj, ln_2, FFN in and out; three
-# blocks and the 1024 x 96 position table make 1,100,832. GPT-2 adds its final LayerNorm.
+# blocks and the 1024 x 96 position table make 1,100,832; their output layer adds a bias over
+# the vocabulary (49,152 tokens here). GPT-2 adds its final LayerNorm.
 BLOCK = 192 + (96 * 288 + 288) + (96 * 96 + 96) + 192 + (96 * 1536 + 1536) + (1536 * 96 + 96)
 WU_TRAINABLE = 3 * BLOCK + 1024 * 96
 
@@ -59,9 +60,10 @@ def test_the_token_table_is_frozen_and_is_the_output_layer(lm):
     model = lm.model
     assert BLOCK == 334_176 and WU_TRAINABLE == 1_100_832
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
-    assert sum(trainable.values()) == LTI_LM_TRAINABLE == WU_TRAINABLE + 192
+    assert sum(trainable.values()) == LTI_LM_TRAINABLE == WU_TRAINABLE + 49152 + 192
     assert not any("wte" in name for name in trainable)
     assert model.lm_head.weight is model.transformer.wte.weight
+    assert trainable["lm_head.bias"] == 49152 and not model.lm_head.bias.any()
     assert not model.transformer.wte.weight.requires_grad
 
 

@@ -3,7 +3,8 @@
 Wu et al. attack "a three-layer transformer with a frozen token embedding layer (about 1.1M
 trainable parameters) trained for next-token prediction on WikiText", samples of 16 tokens.
 Their code builds it with d_model 96, 8 heads, FFN 1536, ReLU, 3 layers, dropout 0, learned
-position embeddings (1024 positions), an untied output layer, random init, never trained.
+position embeddings (1024 positions), an output layer whose weight is a copy of the frozen
+token table and whose bias is trainable; random init, never trained.
 
 lti-lm is that model in Hugging Face's GPT-2 architecture, so that the gpt2 adapter, the
 client and every attack serve it unchanged, with SmolLM2's tokenizer (49,152 tokens; see
@@ -12,16 +13,21 @@ client and every attack serve it unchanged, with SmolLM2's tokenizer (49,152 tok
 * causal: their encoder stack ran without a causal mask, so every position saw the whole
   sample, later tokens included, while being trained to predict them. lti-lm is a causal
   decoder, the real next-token language model a federation would train;
-* the frozen token table is also the output layer (tied), which keeps the head out of the
-  update as their frozen embedding is; GPT-2 adds a final LayerNorm (192 parameters) and puts
-  its LayerNorms before each sublayer (theirs after);
+* the frozen token table is also the output layer's weight (tied), as theirs is (their code
+  copies the token table into the output layer and leaves both out of the update); the output
+  layer keeps its bias over the vocabulary, trainable as theirs is (49,152 parameters, zero at
+  init where theirs is drawn uniform in +-1/sqrt(96)). That bias's gradient is the sum over
+  positions of softmax minus the one-hot next token: it names every next token of the sample,
+  which is much of what TAG and the learned attacks read in Wu et al.'s Table 2. GPT-2 adds a
+  final LayerNorm (192 parameters) and puts its LayerNorms before each sublayer (theirs
+  after);
 * its weights are GPT-2's own random init from a fixed seed (:data:`LTI_LM_SEED`), the same in
   every process and every run, whatever the run's ``--seed``; a classification or QA head, as
   for every model, is drawn from the run's seed.
 
-The model freezes its token table itself: the trainable parameters are the three blocks
-(334,176 each), the position table (1024 x 96 = 98,304) and the final LayerNorm, 1,101,024 in
-all (:data:`LTI_LM_TRAINABLE`), and no client update carries a token-embedding tensor, whatever
+The model freezes its token table itself: the trainable parameters of the language model are
+the three blocks (334,176 each), the position table (1024 x 96 = 98,304), the final LayerNorm
+and the output bias (49,152), 1,150,176 in all (:data:`LTI_LM_TRAINABLE`), and no client update carries a token-embedding tensor, whatever
 the protocol says (``--freeze-embeddings`` freezes the position table too).
 """
 
@@ -37,7 +43,7 @@ LTI_LM_WIDTH = 96
 LTI_LM_HEADS = 8
 LTI_LM_FFN = 1536
 LTI_LM_POSITIONS = 1024
-LTI_LM_TRAINABLE = 1_101_024
+LTI_LM_TRAINABLE = 1_150_176
 # GPT-2's own init, token table included (std 0.02), unlike the tiny models' std 1 tables:
 # - the first block reads ln_1(token + position), which the LayerNorm makes independent of the
 #   tables' common scale; with both at 0.02 the token is half of that input, as visible as in
@@ -90,6 +96,7 @@ def build_lti_lm(
         model = auto_class.from_config(config, attn_implementation="eager")
     model.base_model.load_state_dict(backbone)
     _init_task_head(model)
+    _add_output_bias(model)
     model.get_input_embeddings().requires_grad_(False)
     return model
 
@@ -108,3 +115,16 @@ def _init_task_head(model: nn.Module) -> None:
                     module.weight.normal_(0.0, std)
                     if module.bias is not None:
                         module.bias.zero_()
+
+
+def _add_output_bias(model: nn.Module) -> None:
+    """Give the next-token head a trainable bias over the vocabulary, zero at init, its weight
+    still the token table (Wu et al.'s untied decoder, whose weight they set to the table)."""
+    head = model.get_output_embeddings()
+    if head is None or head.bias is not None:
+        return
+    biased = nn.Linear(head.in_features, head.out_features, bias=True)
+    biased.weight = head.weight
+    with torch.no_grad():
+        biased.bias.zero_()
+    model.set_output_embeddings(biased)
