@@ -15,20 +15,21 @@ from suites_defenses import COMPRESSION
 # Wu et al.'s victim and samples: 16-token WikiText chunks, the test split private (the
 # learned attacks train on the validation split, their default: another split of the data).
 WIKI = {"task": "causal_lm", "split": "test", "chunk_tokens": 16, "mode": "train"}
-# A training budget of about 20 minutes per model on one CPU core beside another job
-# (measured: 1.6 s a step of 64 updates on lti-lm, 1000 steps in 27 minutes), so that the
-# table's eight models train in an afternoon on 2 cores; Wu et al. train 20 (paper) / 100
-# (code) epochs of 180k updates on a GPU.
-TRAINING = {"train_steps": 600, "train_batch": 64, "eval_every": 100, "patience": 3}
+# A training budget of about 25 minutes per model on one CPU core beside another job
+# (measured: about 5 s a step of 64 updates on lti-lm with one thread each for two jobs, of
+# which about half makes the updates and half is the inversion model's step), so that the
+# table fits an afternoon on 2 cores; Wu et al. train 20 (paper) / 100 (code) epochs of 180k
+# updates on a GPU.
+TRAINING = {"train_steps": 300, "train_batch": 64, "eval_every": 50, "patience": 3}
 LEARNED_INPUTS = 200  # the issue's size: at least 200 WikiText-2 test chunks
-TAG_INPUTS, TAG_STEPS = 20, 500  # TAG costs minutes per input on lti-lm at its 2500 steps
+TAG_INPUTS, TAG_STEPS = 10, 500  # TAG costs minutes per input on lti-lm at its 2500 steps
 AUX_SIZES = (1000, 5000, None)  # None: the whole validation split
 
 
 def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
     """Wu et al. Table 2: TAG (the public defense's adapted loss), LTI and LTI-P under no
     defense, sign compression, pruning keep 0.01 and Gaussian noise 0.01 on lti-lm. ``batches``
-    sets the learned attacks' inputs (default 200); TAG runs 20 at 500 steps."""
+    sets the learned attacks' inputs (default 200); TAG runs 10 at 500 steps."""
     cells = []
     for label, defense in COMPRESSION.items():
         learned = {**WIKI, "defense": defense, **TRAINING}

@@ -221,3 +221,48 @@ def test_first_layer_input_matches_the_model(tiny_victim, name):
         ours = victim.adapter.first_layer_input(model, embeds)
     handle.remove()
     assert torch.allclose(ours, seen["x"], atol=1e-5)
+
+
+def test_one_hot_label_distributions_give_the_id_loss_and_gradient(tiny_victim):
+    """A causal LM's dummy labels as distributions: one-hot ones are the token ids exactly,
+    padding included, so joint labels at the truth match the update."""
+    victim = tiny_victim("tiny-gpt2", "causal_lm")
+    examples = [Example("the cat sat on the mat"), Example("a dog ran")]
+    batch, update, knowledge = scenario(victim, Protocol(mode="eval"), examples)
+    matcher = GradientMatcher(update, knowledge, l2_distance)
+    embeds = victim.adapter.token_embedding(unwrap(matcher.model))(batch.input_ids)
+    vocab = unwrap(matcher.model).config.vocab_size
+    one_hot = torch.nn.functional.one_hot(batch.input_ids, vocab).float()
+    by_ids = matcher.dummy_gradients(embeds, batch.input_ids)
+    by_distribution = matcher.dummy_gradients(embeds, one_hot)
+    for got, want, target in zip(by_distribution, by_ids, matcher.targets, strict=True):
+        assert torch.allclose(got, want, atol=1e-7, rtol=1e-5)
+        assert torch.allclose(got, target, atol=1e-7, rtol=1e-5)
+    # A label distribution away from the truth moves the gradient.
+    smeared = 0.9 * one_hot + 0.1 / vocab
+    assert matcher.loss(embeds, smeared).item() > 1e-6
+
+
+def test_joint_labels_recover_a_causal_lm_sentence_the_own_tokens_miss(tiny_victim):
+    """DLG/TAG optimize a causal LM's next-token labels with the embeddings (measured: the
+    exact sentence after 300 steps); taking the labels from the dummy's own tokens, a step
+    function of the embeddings, leaves most of it wrong."""
+    victim = tiny_victim("tiny-gpt2", "causal_lm")
+    batch, update, knowledge = scenario(
+        victim, Protocol(mode="eval"), [Example("the cat sat on the mat")]
+    )
+    truth = [batch.input_ids[0, : batch.lengths[0]].tolist()]
+    joint = make_attack("tag", steps=300).reconstruct(update, knowledge, seed=0)
+    assert joint.info["lm_labels"] == "joint" and joint.token_ids == truth
+    own = make_attack("tag", steps=300, lm_labels="own").reconstruct(update, knowledge, seed=0)
+    assert "lm_labels" not in own.info
+    hits = sum(a == b for a, b in zip(own.token_ids[0], truth[0], strict=True))
+    assert hits <= len(truth[0]) // 2 + 1  # [CLS]/[SEP]-like ends are known; measured 2 of 8
+
+
+def test_joint_labels_refuse_discrete_candidates(tiny_victim):
+    victim = tiny_victim("tiny-gpt2", "causal_lm")
+    _, update, knowledge = scenario(victim, Protocol(mode="eval"))
+    attack = make_attack("tag", steps=5, n_init=4)
+    with pytest.raises(GradleakError, match="--lm-labels own"):
+        attack.reconstruct(update, knowledge, seed=0)

@@ -295,7 +295,7 @@ class GradientMatcher:
         mask = self.attention_mask.repeat(count, 1)
         types = None if self.token_type_ids is None else self.token_type_ids.repeat(count, 1)
         flat = embeds.reshape(count * batch, *embeds.shape[2:])
-        flat_ids = None if ids is None else ids.reshape(count * batch, -1)
+        flat_ids = None if ids is None else ids.reshape(count * batch, *ids.shape[2:])
 
         def loss_of() -> torch.Tensor:
             return self._loss_module(flat, labels, flat_ids, mask, types)

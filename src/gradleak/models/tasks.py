@@ -231,8 +231,10 @@ def task_loss(
     """Mean training loss of ``task`` from token ids (client) or embeddings (attacker).
 
     Causal LM targets default to ``input_ids``; an attacker working on embeddings passes its
-    current guess as ``lm_targets``. Decoder classification pools the last real token itself,
-    because Hugging Face pools the last *position* when given embeddings instead of ids.
+    current guess as ``lm_targets``: token ids ``[B, L]``, or a distribution over the
+    vocabulary at every position ``[B, L, V]`` (DLG's and TAG's dummy labels). Decoder
+    classification pools the last real token itself, because Hugging Face pools the last
+    *position* when given embeddings instead of ids.
     """
     hf = unwrap(model)
     inputs = model_inputs(adapter, batch_mask, input_ids, inputs_embeds, token_type_ids)
@@ -240,9 +242,11 @@ def task_loss(
         logits = classification_logits(hf, adapter, inputs, batch_mask)
         return F.cross_entropy(logits, labels["label"])
     if task == "causal_lm":
+        logits = hf(**inputs).logits
+        if lm_targets is not None and lm_targets.is_floating_point():
+            return _soft_next_token_loss(logits, lm_targets, batch_mask)
         targets = input_ids if lm_targets is None else lm_targets
         targets = targets.masked_fill(batch_mask == 0, -100)
-        logits = hf(**inputs).logits
         return F.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1)
         )
@@ -251,6 +255,17 @@ def task_loss(
     end = F.cross_entropy(out.end_logits, labels["end"])
     return (start + end) / 2
 
+
+
+def _soft_next_token_loss(
+    logits: torch.Tensor, targets: torch.Tensor, batch_mask: torch.Tensor
+) -> torch.Tensor:
+    """Next-token cross-entropy against a distribution per position (``targets[:, t]`` is what
+    position ``t - 1`` predicts), averaged over the real positions as the id loss is; one-hot
+    targets give the id loss."""
+    log_probs = F.log_softmax(logits[:, :-1], dim=-1)
+    per_position = -(targets[:, 1:] * log_probs).sum(dim=-1)
+    return per_position[batch_mask[:, 1:] != 0].mean()
 
 def model_inputs(
     adapter: ModelAdapter,

@@ -14,7 +14,9 @@ The engine is built from pieces that the settings switch on:
 * unknown labels (``label_search``): enumerate the label assignments of a classification batch;
 * what is matched: any subset of the update (``match``), each tensor's term optionally made
   scale-free and equally weighted (``normalize``, Li, Xu & Dras), and a FedAvg delta either as
-  a pseudo-gradient or against a simulated local round (``fedavg_match``, Wang & Li).
+  a pseudo-gradient or against a simulated local round (``fedavg_match``, Wang & Li);
+* a causal LM's next-token labels (``lm_labels``): the dummy's own tokens (LAMP), or label
+  distributions optimized with the embeddings (``joint``: DLG and TAG, who optimize dummy labels).
 
 DLG and TAG leave them all off and behave exactly as before they existed; ``normalize`` and
 ``fedavg_match`` default to the behaviour LAMP's code has (``none``, ``pseudo``) for every attack.
@@ -115,6 +117,14 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         check_optimization_applies(knowledge, self.name, self.settings.label_search)
         if self.settings.fedavg_match == "simulate":
             LocalTraining.from_update(update)  # a FedSGD update or missing facts: one line
+        s = self.settings
+        lm = knowledge.global_model.task == "causal_lm"
+        if lm and s.lm_labels == "joint" and (s.n_init > 1 or s.discrete_every > 0):
+            raise GradleakError(
+                f"{self.name}: --lm-labels joint optimizes the next-token labels with the "
+                "embeddings and scores no discrete candidates; with --n-init above 1 or "
+                "--discrete-every use --lm-labels own"
+            )
         keys = self._match_keys(update, knowledge)
         held = matchable_specs(update, knowledge.global_model)
         if keys is not None and not set(keys) <= set(held):
@@ -217,7 +227,9 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         init_size = info.get("init_size")
         dummy = DummyBatch(free=free, fixed=ws.fixed, free_mask=ws.free_mask)
         dummy.free.requires_grad_(True)
-        optimizer = torch.optim.Adam([dummy.free], lr=s.lr)
+        label_logits = self._dummy_labels(ws, generator)
+        variables = [dummy.free] if label_logits is None else [dummy.free, label_logits]
+        optimizer = torch.optim.Adam(variables, lr=s.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, s.lr_decay_every, gamma=s.lr_decay)
         best_loss, best_free = float("inf"), dummy.free.detach().clone()
         trace: list[float] = []
@@ -225,7 +237,10 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         rounds = 0
         for step in range(s.steps):
             optimizer.zero_grad(set_to_none=True)
-            ids = ws.ids(dummy.free) if ws.needs_ids else None
+            if label_logits is not None:
+                ids = ws.soft_targets(label_logits)
+            else:
+                ids = ws.ids(dummy.free) if ws.needs_ids else None
             loss = ws.matcher.loss(dummy.embeds(), ids)
             if s.alpha_reg > 0:
                 norms = dummy.free.norm(dim=-1)[ws.free_mask[..., 0]]
@@ -237,10 +252,12 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             trace.append(loss.item())
             if loss.item() <= best_loss:  # the reference keeps the best iterate, not the last
                 best_loss, best_free = loss.item(), dummy.free.detach().clone()
-            # Only the dummy embeddings' gradient: backward() would also fill every matched
+            # Only the dummy variables' gradients: backward() would also fill every matched
             # parameter's .grad (second-order terms included), which nothing reads.
-            (dummy.free.grad,) = torch.autograd.grad(loss, [dummy.free])
-            if not torch.isfinite(dummy.free.grad).all():  # Adam would spread it everywhere
+            grads = torch.autograd.grad(loss, variables)
+            for variable, gradient in zip(variables, grads, strict=True):
+                variable.grad = gradient
+            if not all(torch.isfinite(g).all() for g in grads):  # Adam would spread it everywhere
                 raise AttackFailed(
                     f"{self.name}: the gradient of the matching loss became non-finite at step "
                     f"{step} (loss {loss.item():.4g})"
@@ -254,11 +271,30 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 rounds += 1
         seconds["continuous"] = time.perf_counter() - began - seconds["start"] - seconds["discrete"]
         info["seconds"] = {phase: round(value, 3) for phase, value in seconds.items()}
+        if label_logits is not None:
+            info["lm_labels"] = "joint"
         if s.discrete_every > 0:
             info["discrete_rounds"] = rounds
             info["accepted_transforms"] = dict(sorted(accepted.items()))
             info["prior"] = prior.name if prior is not None else NO_PRIOR
         return _Outcome(free=best_free, best_loss=best_loss, info=info, trace=trace)
+
+    def _dummy_labels(self, ws: Workspace, generator: torch.Generator) -> torch.Tensor | None:
+        """DLG's dummy labels for a causal LM with ``lm_labels="joint"``: logits of a
+        distribution over the vocabulary at every position (``[B, L, V]``, standard normal as
+        DLG draws them), optimized with the embeddings; None when the dummy's own tokens serve.
+
+        Zhu et al. and Deng et al. optimize the labels with the inputs; in a causal LM the labels
+        are the next tokens, and a gradient that carries the output layer's bias pins them down
+        (its gradient is the sum of softmax minus the labels), which the embeddings' own tokens,
+        a step function of the embeddings, cannot follow."""
+        if self.settings.lm_labels != "joint" or ws.matcher.knowledge.global_model.task != (
+            "causal_lm"
+        ):
+            return None
+        shape = (*ws.template.shape, ws.embedding.shape[0])
+        logits = devices.randn(*shape, generator=generator, device=ws.embedding.device)
+        return logits.requires_grad_(True)
 
     def _start(
         self,

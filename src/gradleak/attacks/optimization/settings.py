@@ -50,6 +50,11 @@ class OptimizationSettings(AttackSettings):
         description="FedAvg: pseudo (-delta/(steps*lr) as a gradient) | simulate (replay local "
         "training on the dummy batch, Wang & Li eq. 12-14)",
     )
+    lm_labels: Literal["own", "joint"] = Field(
+        "own",
+        description="causal LM next-token labels: own (the dummy's own tokens, as LAMP) | joint "
+        "(dummy label distributions optimized with the embeddings, as DLG and TAG)",
+    )
     # --- LAMP ---------------------------------------------------------------------------
     n_init: int = Field(
         1, ge=1, description="initial candidates (and random orders) to pick from (LAMP: 500)"
@@ -101,7 +106,7 @@ class DlgSettings(OptimizationSettings):
     )
 
     name: Literal["dlg"] = "dlg"
-    overrides: ClassVar[dict[str, Any]] = {"distance": "l2"}
+    overrides: ClassVar[dict[str, Any]] = {"distance": "l2", "lm_labels": "joint"}
 
 
 class TagSettings(OptimizationSettings):
@@ -110,7 +115,7 @@ class TagSettings(OptimizationSettings):
     )
 
     name: Literal["tag"] = "tag"
-    overrides: ClassVar[dict[str, Any]] = {"distance": "tag"}
+    overrides: ClassVar[dict[str, Any]] = {"distance": "tag", "lm_labels": "joint"}
 
 
 # LAMP's shared hyperparameters (the reference's lamp_cos.sh / lamp_l1l2.sh and its defaults).

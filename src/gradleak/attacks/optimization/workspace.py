@@ -75,6 +75,12 @@ class Workspace:
         projected = project_to_tokens(free.detach(), self.embedding, self.allowed)
         return torch.where(self.template >= 0, self.template, projected)
 
+    def soft_targets(self, label_logits: torch.Tensor) -> torch.Tensor:
+        """Next-token targets from dummy label logits (``[B, L, V]``): their softmax at free
+        positions, the known token's one-hot at the template's."""
+        known = torch.nn.functional.one_hot(self.template.clamp(min=0), label_logits.shape[-1])
+        return torch.where(self.free_mask, label_logits.softmax(dim=-1), known.to(label_logits))
+
     def score(self, free: torch.Tensor) -> torch.Tensor:
         """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
         group = self.chunk or 32  # one-by-one scoring still projects in groups
