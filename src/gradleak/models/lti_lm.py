@@ -28,7 +28,8 @@ client and every attack serve it unchanged, with SmolLM2's tokenizer (49,152 tok
 The model freezes its token table itself: the trainable parameters of the language model are
 the three blocks (334,176 each), the position table (1024 x 96 = 98,304), the final LayerNorm
 and the output bias (49,152), 1,150,176 in all (:data:`LTI_LM_TRAINABLE`), and no client
-update carries a token-embedding tensor, whatever the protocol says (``--freeze-embeddings`` freezes the position table too).
+update carries a token-embedding tensor, whatever the protocol says (``--freeze-embeddings``
+freezes the position table too).
 """
 
 from __future__ import annotations
