@@ -256,7 +256,6 @@ def task_loss(
     return (start + end) / 2
 
 
-
 def _soft_next_token_loss(
     logits: torch.Tensor, targets: torch.Tensor, batch_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -266,6 +265,7 @@ def _soft_next_token_loss(
     log_probs = F.log_softmax(logits[:, :-1], dim=-1)
     per_position = -(targets[:, 1:] * log_probs).sum(dim=-1)
     return per_position[batch_mask[:, 1:] != 0].mean()
+
 
 def model_inputs(
     adapter: ModelAdapter,
