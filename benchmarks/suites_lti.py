@@ -23,6 +23,10 @@ WIKI = {"task": "causal_lm", "split": "test", "chunk_tokens": 16, "mode": "train
 TRAINING = {"train_steps": 300, "train_batch": 64, "eval_every": 50, "patience": 3}
 LEARNED_INPUTS = 200  # the issue's size: at least 200 WikiText-2 test chunks
 TAG_INPUTS, TAG_STEPS = 10, 500  # TAG costs minutes per input on lti-lm at its 2500 steps
+# TAG starts at the victim's embedding scale: Wu et al.'s token table has std 0.57, the scale
+# of TAG's N(0, 1) start; lti-lm's has GPT-2's 0.02, which a N(0, 1) start swamps (measured on
+# one chunk, 300 steps: token accuracy 6% from N(0, 1), 38% rescaled).
+TAG = {"attack": "tag", "steps": TAG_STEPS, "rescale_init": True}
 AUX_SIZES = (1000, 5000, None)  # None: the whole validation split
 
 
@@ -33,7 +37,7 @@ def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
     cells = []
     for label, defense in COMPRESSION.items():
         learned = {**WIKI, "defense": defense, **TRAINING}
-        tag = {**WIKI, "defense": defense, "attack": "tag", "steps": TAG_STEPS}
+        tag = {**WIKI, "defense": defense, **TAG}
         cells += [
             (f"tag-wiki-{label}", cell("lti-lm", "wikitext2", 1, TAG_INPUTS, data_dir, **tag)),
             (f"lti-wiki-{label}", cell("lti-lm", "wikitext2", 1, batches, data_dir,
