@@ -13,9 +13,12 @@ from gradleak.attacks import ATTACKS
 from gradleak.attacks.dager import DagerSettings
 from gradleak.attacks.optimization import LampCosSettings, TagSettings
 from gradleak.config import RunConfig
+from gradleak.data import load_examples
+from gradleak.data.sampling import lamp_order
 from gradleak.defenses import NoiseSettings
 from gradleak.errors import GradleakError
 from gradleak.options import all_options, attack_defaults, config_from_options, options_of
+from gradleak.recipe import prepare
 from gradleak.record import Record
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -110,6 +113,9 @@ def test_every_settings_field_is_an_option_with_help():
         ({"mode": "test"}, "invalid --mode"),
         ({"defense": "noise:sigma=x"}, "bad settings for defense noise: sigma"),
         ({"label": "2"}, "invalid --label"),
+        ({"lengths": "12-8"}, "'12-8' is not a length range: use N or MIN-MAX"),
+        ({"lengths": "0"}, "'0' is not a length range"),
+        ({"lengths": "8-"}, "'8-' is not a length range"),
     ],
 )
 def test_bad_options_are_one_line_errors(options, message):
@@ -140,3 +146,21 @@ def test_identity_leaves_out_the_data_folder_only():
     there = config_from_options({"data_dir": "/b"})
     assert here.identity() == there.identity()
     assert here.identity() != config_from_options({"data_dir": "/a", "seed": 1}).identity()
+
+
+def test_lengths_pick_the_samples_of_that_many_tokens_in_lamp_order():
+    """--lengths keeps the samples the client encodes to that many tokens; the inputs are then
+    taken in LAMP's order among them (the demo data has 5 of 13 tokens for tiny-bert)."""
+    config = config_from_options({"model": "tiny-bert", "n_inputs": 3, "lengths": "13"})
+    prepared = prepare(config)
+    tokenizer = prepared.victim.tokenizer
+    texts = [batch[0].text for batch in prepared.batches]
+    assert [len(tokenizer(t)["input_ids"]) for t in texts] == [13, 13, 13]
+    every = load_examples("demo", None, None, None)  # in file order
+    thirteen = [e.text for e in every if len(tokenizer(e.text)["input_ids"]) == 13]
+    assert texts == [thirteen[i] for i in lamp_order(len(thirteen))][:3]
+    ranged = prepare(config_from_options({"model": "tiny-bert", "n_inputs": 8, "lengths": "11-13"}))
+    lengths = sorted(len(tokenizer(b[0].text)["input_ids"]) for b in ranged.batches)
+    assert lengths == [11, 12, 12, 13, 13, 13, 13, 13]
+    with pytest.raises(GradleakError, match="no sample of dataset 'demo' has 30 tokens"):
+        prepare(config_from_options({"model": "tiny-bert", "lengths": "30"}))

@@ -51,6 +51,11 @@ class DataConfig(BaseModel):
         description="causal_lm: cut the split's token stream (the model's tokenizer, lines in "
         "order) into samples of exactly N tokens without BOS/EOS, as Wu et al. (N=16)",
     )
+    lengths: str | None = Field(
+        None,
+        description="attack only samples of N or MIN-MAX tokens (the model's tokenizer, its "
+        "special tokens included), in LAMP's order among them",
+    )
     sample_seed: int = Field(101, description="seed of the input order (LAMP: 101)")
 
     @field_validator("label", mode="before")
@@ -58,12 +63,33 @@ class DataConfig(BaseModel):
     def _label_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) else value
 
+    @field_validator("lengths")
+    @classmethod
+    def _lengths_are_a_range(cls, value: str | None) -> str | None:
+        if value is not None and _length_range(value) is None:
+            raise ValueError(f"'{value}' is not a length range: use N or MIN-MAX, 1 <= MIN <= MAX")
+        return value
+
+    @property
+    def length_range(self) -> tuple[int, int] | None:
+        """``lengths`` as (shortest, longest) in tokens, or None for every length."""
+        return None if self.lengths is None else _length_range(self.lengths)
+
     @field_validator("chunk_tokens")
     @classmethod
     def _chunks_are_not_truncated(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and info.data.get("max_tokens") is not None:
             raise ValueError("a chunk has exactly this many tokens: drop --max-tokens")
         return value
+
+
+def _length_range(text: str) -> tuple[int, int] | None:
+    """``N`` or ``MIN-MAX`` as (MIN, MAX); None when it is neither or MIN is 0 or above MAX."""
+    low, dash, high = text.partition("-")
+    if not low.isdigit() or (dash and not high.isdigit()):
+        return None
+    span = (int(low), int(high or low))
+    return span if 1 <= span[0] <= span[1] else None
 
 
 class Knowledge(BaseModel):

@@ -40,12 +40,15 @@ from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import server_round
 from gradleak.federated.server import PublicData, server_knowledge
 from gradleak.models.registry import Victim, load_victim
+from gradleak.models.tasks import encode_examples
 
 # Independent seed streams of one input: the attacked client, the attack, the attacked
 # client's defenses; the other clients of a combined round take two streams each from
 # OTHER_CLIENTS_STREAM on (see ``round_seeds``).
 CLIENT_STREAM, ATTACK_STREAM, DEFENSE_STREAM = 0, 1, 2
 OTHER_CLIENTS_STREAM = 100
+# Examples tokenized together when --lengths measures them.
+LENGTH_GROUP = 256
 
 
 def derived_seed(seed: int, index: int, stream: int) -> int:
@@ -94,7 +97,7 @@ def prepare(config: RunConfig, device: torch.device | str = "cpu") -> Prepared:
             f"task causal_lm needs a decoder model (smollm2, lti-lm, tiny-gpt2, tiny-llama); "
             f"{scenario.model} is an encoder: use --task classification"
         )
-    examples = chunked(examples, victim, config)
+    examples = of_lengths(chunked(examples, victim, config), victim, task, config)
     batches, others = client_batches(examples, config, clients_of(defenses))
     # built on the CPU (LoRA's initialization is drawn there: the same on every device)
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
@@ -120,6 +123,32 @@ def chunked(examples: list[Example], victim: Victim, config: RunConfig) -> list[
         )
     split = f" split {data.split!r}" if data.split else ""
     return chunk_examples(examples, victim.tokenizer, size, f"dataset {data.dataset!r}{split}")
+
+
+def of_lengths(
+    examples: list[Example], victim: Victim, task: str, config: RunConfig
+) -> list[Example]:
+    """The examples of ``--lengths`` tokens as the client encodes them (every example with no
+    range). A learned attack trains one model per private length, and papers bin results by
+    length: this picks one bin, the inputs then taken in LAMP's order within it."""
+    data = config.scenario.data
+    span = data.length_range
+    if span is None:
+        return examples
+    limit = victim.adapter.max_positions(victim.model)
+    kept = []
+    for start in range(0, len(examples), LENGTH_GROUP):
+        group = examples[start : start + LENGTH_GROUP]
+        # truncated at the model's limit: a longer sample fails later, when it is encoded
+        encoded = encode_examples(victim.tokenizer, group, task, limit, data.max_tokens or limit)
+        kept += [
+            ex for ex, n in zip(group, encoded.lengths, strict=True) if span[0] <= n <= span[1]
+        ]
+    if not kept:
+        raise GradleakError(
+            f"no sample of dataset {data.dataset!r} has {data.lengths} tokens: widen --lengths"
+        )
+    return kept
 
 
 def client_batches(
