@@ -135,6 +135,24 @@ def test_inputs_attacked_by_two_worker_processes_match_a_sequential_run(tmp_path
     assert json.loads((tmp_path / "run.json").read_text())["workers"] == 2
 
 
+def test_a_run_begun_before_an_option_existed_still_resumes(tmp_path, monkeypatch):
+    """A header written before an option was added lacks it; the option's default fills it,
+    so upgrading alone does not orphan an interrupted run."""
+    from gradleak import runner as run_module
+
+    out = tmp_path / "run.json"
+    calls = record_attacks(monkeypatch)
+    config = config_from_options(TINY_OPTIONS | {"n_inputs": 2})
+    run_module.run(config, out=str(out), limit=1)
+    partial = tmp_path / "run.json.partial.jsonl"
+    lines = partial.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["config"]["scenario"]["data"].pop("lengths") is None
+    partial.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert [s.index for s in run_module.run(config, out=str(out)).samples] == [0, 1]
+    assert calls == [0, 1]
+
+
 def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
     out = tmp_path / "run.json"
     (tmp_path / "run.json.partial.jsonl").write_text(json.dumps({"config": {"other": 1}}) + "\n")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
 
 
@@ -32,7 +33,7 @@ class ResultStore:
         if not lines:
             return {}
         header = json.loads(lines[0])
-        if header.get("config") != self.identity:
+        if _stored_identity(header.get("config")) != self.identity:
             raise GradleakError(
                 f"{self.partial} holds an unfinished run with a different config: delete it or "
                 "choose another --out"
@@ -78,3 +79,12 @@ class ResultStore:
         tmp.replace(self.out)
         if self.partial is not None and self.partial.exists():
             self.partial.unlink()
+
+
+def _stored_identity(stored: Any) -> Any:
+    """A stored header's config as today's identity: an option added since it was written
+    takes its default, so an upgrade alone does not orphan an interrupted run."""
+    try:
+        return RunConfig.identity_of(stored)
+    except (ValueError, TypeError, GradleakError):  # not a config today's model reads: it cannot match
+        return stored
