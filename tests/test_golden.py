@@ -12,10 +12,8 @@ distances tie within rounding."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -25,7 +23,7 @@ from gradleak.cli import app
 GOLDEN = Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))
 
-from cells import CELLS, result_of  # noqa: E402
+from cells import CELLS, matches_golden, result_of  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
@@ -35,27 +33,7 @@ def test_record_is_bit_identical_to_the_golden_one(name, tmp_path):
     assert result.exit_code == 0, result.output
     expected = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     got = result_of(json.loads(out.read_text(encoding="utf-8")))
-    assert _same(_canonical(got), _canonical(expected)), (got, expected)
-
-
-def _canonical(result: dict) -> dict:
-    """Each sample's reconstructions (and the reference each is matched to) in text order."""
-    samples = []
-    for sample in result["samples"]:
-        pairs = sorted(zip(sample["prediction"], sample["matching"], strict=True))
-        ordered = {"prediction": [p for p, _ in pairs], "matching": [m for _, m in pairs]}
-        samples.append({**sample, **ordered})
-    return {**result, "samples": samples}
-
-
-def _same(got: Any, want: Any) -> bool:
-    if isinstance(got, float) or isinstance(want, float):
-        return isinstance(got, int | float) and math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5)
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in got)
-    if isinstance(got, list) and isinstance(want, list):
-        return len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want, strict=True))
-    return type(got) is type(want) and got == want
+    assert matches_golden(got, expected), (got, expected)
 
 
 def test_golden_set_covers_every_attack_and_protocol():
@@ -65,3 +43,20 @@ def test_golden_set_covers_every_attack_and_protocol():
                    "--fedavg-match simulate", "--no-known-labels"):  # fmt: skip
         assert any(needle in args for args in joined), needle
     assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(CELLS)
+
+
+def test_the_comparison_forgives_rounding_and_batch_order_only():
+    sample = {"prediction": ["a b", "c d"], "matching": [1, 0], "exact": [True, False],
+              "info": {"best_loss": 0.25, "steps": 3}}  # fmt: skip
+    golden = {"metrics": {"rouge1": 50.0}, "samples": [sample]}
+
+    def changed(**fields):
+        return {**golden, "samples": [{**sample, **fields}]}
+
+    assert matches_golden(changed(info={"best_loss": 0.25000001, "steps": 3}), golden)
+    assert matches_golden(changed(prediction=["c d", "a b"], matching=[0, 1]), golden)
+    assert not matches_golden(changed(info={"best_loss": 0.2501, "steps": 3}), golden)
+    assert not matches_golden(changed(info={"best_loss": 0.25, "steps": 4}), golden)
+    assert not matches_golden(changed(prediction=["a b", "c e"]), golden)
+    assert not matches_golden(changed(matching=[0, 1]), golden)
+    assert not matches_golden(changed(exact=[True, True]), golden)

@@ -8,6 +8,9 @@ when a result is meant to change, and say why in the commit.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 # The fields of a record that a run with the same config and seed reproduces exactly.
 RESULT_FIELDS = ("task", "scenario", "metrics", "failed_inputs")
 SAMPLE_TIMINGS = ("attack_s", "phase_s", "peak_rss_mb", "update_s")
@@ -77,3 +80,28 @@ def result_of(record: dict) -> dict:
         {k: v for k, v in sample.items() if k not in SAMPLE_TIMINGS} for sample in record["samples"]
     ]
     return {**{k: record[k] for k in RESULT_FIELDS}, "samples": samples}
+
+
+def matches_golden(got: dict, expected: dict) -> bool:
+    """Whether a result reproduces a golden one: see ``tests/test_golden.py`` for the rule."""
+    return _same(_canonical(got), _canonical(expected))
+
+
+def _canonical(result: dict) -> dict:
+    """Each sample's reconstructions (and the reference each is matched to) in text order."""
+    samples = []
+    for sample in result["samples"]:
+        pairs = sorted(zip(sample["prediction"], sample["matching"], strict=True))
+        ordered = {"prediction": [p for p, _ in pairs], "matching": [m for _, m in pairs]}
+        samples.append({**sample, **ordered})
+    return {**result, "samples": samples}
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(got, float) or isinstance(want, float):
+        return isinstance(got, int | float) and math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5)
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in got)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want, strict=True))
+    return type(got) is type(want) and got == want
