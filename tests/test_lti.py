@@ -231,22 +231,27 @@ def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
     word_files, tmp_path, monkeypatch
 ):
     """Wu et al.'s Table 2 in miniature: under sign compression TAG recovers nothing (0 here,
-    0.06 in the paper) while LTI-P, 40 training steps on pseudo-sentences, reads tokens
-    (measured: ROUGE-1 39, token accuracy 29%; undefended 72 / 67%)."""
-    lti = lti_run(word_files, tmp_path, monkeypatch, defense="sign")
-    tag = lti_run(word_files, tmp_path, monkeypatch, attack="tag", steps=30, defense="sign")
-    assert lti.metrics.strict.rouge1 > tag.metrics.strict.rouge1 + 15
+    0.06 in the paper) while LTI-P, 80 training steps on pseudo-sentences, reads tokens of
+    all 8 private sentences (measured: ROUGE-1 49 and 74, token accuracy 46% and 71%, with
+    hashing seeds 0 and 1; at 40 steps 23 to 42 across seeds and CPU kinds, too close to call)."""
+    sign = {"defense": "sign", "n_inputs": 8}
+    lti = lti_run(word_files, tmp_path, monkeypatch, train_steps=80, **sign)
+    tag = lti_run(word_files, tmp_path, monkeypatch, attack="tag", steps=30, **sign)
+    assert lti.metrics.strict.rouge1 > tag.metrics.strict.rouge1 + 25
+    assert lti.metrics.strict.token_accuracy > 25
     info = lti.samples[0].info
     assert info["trained_now"] and info["training"]["data"]["texts"] == 200
     assert lti.samples[1].info["checkpoint"] == info["checkpoint"]  # one model, both inputs
-    again = lti_run(word_files, tmp_path, monkeypatch, defense="sign")
+    again = lti_run(word_files, tmp_path, monkeypatch, train_steps=80, **sign)
     assert not again.samples[0].info["trained_now"]
     assert [s.prediction for s in again.samples] == [s.prediction for s in lti.samples]
     # a checkpoint given for another scenario is refused, naming what differs
     from gradleak.errors import GradleakError
 
     with pytest.raises(GradleakError, match="was trained for another defenses"):
-        lti_run(word_files, tmp_path, monkeypatch, lti_checkpoint=info["checkpoint"])
+        lti_run(
+            word_files, tmp_path, monkeypatch, train_steps=80, lti_checkpoint=info["checkpoint"]
+        )
 
 
 def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_path, monkeypatch):
