@@ -86,5 +86,5 @@ def _stored_identity(stored: Any) -> Any:
     takes its default, so an upgrade alone does not orphan an interrupted run."""
     try:
         return RunConfig.identity_of(stored)
-    except (ValueError, TypeError, GradleakError):  # not a config today's model reads: it cannot match
+    except (ValueError, TypeError, GradleakError):  # no config today reads: it cannot match
         return stored
