@@ -118,8 +118,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         if self.settings.fedavg_match == "simulate":
             LocalTraining.from_update(update)  # a FedSGD update or missing facts: one line
         s = self.settings
-        lm = knowledge.global_model.task == "causal_lm"
-        if lm and s.lm_labels == "joint" and (s.n_init > 1 or s.discrete_every > 0):
+        if s.joint_labels(knowledge.global_model.task) and (s.n_init > 1 or s.discrete_every > 0):
             raise GradleakError(
                 f"{self.name}: --lm-labels joint optimizes the next-token labels with the "
                 "embeddings and scores no discrete candidates; with --n-init above 1 or "
@@ -288,9 +287,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         are the next tokens, and a gradient that carries the output layer's bias pins them down
         (its gradient is the sum of softmax minus the labels), which the embeddings' own tokens,
         a step function of the embeddings, cannot follow."""
-        if self.settings.lm_labels != "joint" or ws.matcher.knowledge.global_model.task != (
-            "causal_lm"
-        ):
+        if not self.settings.joint_labels(ws.matcher.knowledge.global_model.task):
             return None
         shape = (*ws.template.shape, ws.embedding.shape[0])
         logits = devices.randn(*shape, generator=generator, device=ws.embedding.device)

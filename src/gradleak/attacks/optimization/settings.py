@@ -95,6 +95,10 @@ class OptimizationSettings(AttackSettings):
             return {**cls.overrides, **data}
         return data
 
+    def joint_labels(self, task: str) -> bool:
+        """Whether a run on ``task`` optimizes next-token labels with the embeddings."""
+        return self.lm_labels == "joint" and task == "causal_lm"
+
     @property
     def uses_prior(self) -> bool:
         return self.prior != NO_PRIOR and self.alpha_lm > 0 and self.discrete_every > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -75,11 +76,16 @@ class Workspace:
         projected = project_to_tokens(free.detach(), self.embedding, self.allowed)
         return torch.where(self.template >= 0, self.template, projected)
 
+    @cached_property
+    def known_targets(self) -> torch.Tensor:
+        """The template's tokens as one-hot distributions over the vocabulary: ``[B, L, V]``."""
+        one_hot = torch.nn.functional.one_hot(self.template.clamp(min=0), self.embedding.shape[0])
+        return one_hot.to(self.embedding.dtype)
+
     def soft_targets(self, label_logits: torch.Tensor) -> torch.Tensor:
         """Next-token targets from dummy label logits (``[B, L, V]``): their softmax at free
         positions, the known token's one-hot at the template's."""
-        known = torch.nn.functional.one_hot(self.template.clamp(min=0), label_logits.shape[-1])
-        return torch.where(self.free_mask, label_logits.softmax(dim=-1), known.to(label_logits))
+        return torch.where(self.free_mask, label_logits.softmax(dim=-1), self.known_targets)
 
     def score(self, free: torch.Tensor) -> torch.Tensor:
         """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
