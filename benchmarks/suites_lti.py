@@ -15,12 +15,11 @@ from suites_defenses import COMPRESSION
 # Wu et al.'s victim and samples: 16-token WikiText chunks, the test split private (the
 # learned attacks train on the validation split, their default: another split of the data).
 WIKI = {"task": "causal_lm", "split": "test", "chunk_tokens": 16, "mode": "train"}
-# A training budget of about 25 minutes per model on one CPU core beside another job
-# (measured: about 5 s a step of 64 updates on lti-lm with one thread each for two jobs, of
-# which about half makes the updates and half is the inversion model's step), so that the
-# table fits an afternoon on 2 cores; Wu et al. train 20 (paper) / 100 (code) epochs of 180k
-# updates on a GPU.
-TRAINING = {"train_steps": 300, "train_batch": 64, "eval_every": 50, "patience": 3}
+# The issue's budget: at most 60 minutes of training per model on 2 CPU cores, two models at a
+# time, one thread each (measured: about 4.5 s a step of 64 updates on lti-lm, of which about
+# 2.7 s makes and hashes the updates and 1.5 s is the inversion model's step); Wu et al. train
+# 20 (paper) / 100 (code) epochs of 180k updates on a GPU.
+TRAINING = {"train_steps": 750, "train_batch": 64, "eval_every": 50, "patience": 4}
 LEARNED_INPUTS = 200  # the issue's size: at least 200 WikiText-2 test chunks
 TAG_INPUTS, TAG_STEPS = 10, 500  # TAG costs minutes per input on lti-lm at its 2500 steps
 # TAG starts at the victim's embedding scale: Wu et al.'s token table has std 0.57, the scale

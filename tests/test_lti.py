@@ -187,6 +187,27 @@ def test_the_paper_head_shares_one_output_layer_across_positions():
         InversionModel(50, 3, 11, head="embedding")
 
 
+def test_the_model_standardizes_each_bin_by_the_servers_own_pairs():
+    from gradleak.attacks.lti.model import InversionModel
+
+    model = InversionModel(3, positions=2, vocab_size=5, head="paper")
+    sample = torch.randn(4, 3)
+    before = model(sample)
+    scales = torch.tensor([1e-3, 1.0, 0.0])  # a tiny bin, a unit bin, a constant bin
+    features = torch.randn(200, 3) * scales + torch.tensor([0.01, -2.0, 7.0])
+    model.standardize(features)
+    torch.testing.assert_close(model.feature_shift, features.mean(0))
+    assert model.feature_scale[2] == 1.0  # constant: shifted to 0, not divided by 0
+    standardized = (features - model.feature_shift) / model.feature_scale
+    torch.testing.assert_close(standardized.std(0), torch.tensor([1.0, 1.0, 0.0]))
+    # the model reads standardized features, and saves the standardization with its weights
+    shifted = model.feature_shift + sample * model.feature_scale
+    torch.testing.assert_close(model(shifted), before)
+    assert {"feature_shift", "feature_scale"} <= set(model.state_dict())
+    with pytest.raises(ValueError, match="at least two feature rows"):
+        model.standardize(features[:1])
+
+
 # --- the attacks ------------------------------------------------------------------------------
 
 WORDS = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"

@@ -307,6 +307,7 @@ class LtiAttack(Attack[LtiSettings]):
             "tensors": plan.keys,
             "hashing": [hasher.m, hasher.k, hasher.seed, hasher.signed],
             "head": s.head,
+            "inputs": "standardized",  # per-bin, from the held-out pairs
             "data": source,
             "budget": [s.train_steps, s.train_batch, s.train_lr, s.eval_every, s.patience,
                        s.held_out],

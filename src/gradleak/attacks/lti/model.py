@@ -7,6 +7,14 @@ shared output layer is most of its parameters (1000 x V). The ``embedding`` head
 by a projection to the victim's embedding width followed by the victim's own (frozen) token
 embeddings: logits are scores against the vocabulary's embedding rows, which the model need
 not learn, and the head shrinks from 1000 x V to 1000 x d.
+
+The features are standardized before the first layer, each bin by its mean and standard
+deviation over the server's own held-out pairs (:meth:`InversionModel.standardize`), a step
+Wu et al. do not take. An update's bins differ in scale by orders of magnitude (undefended, a
+bin holding an output-bias coordinate carries about 1/L, one holding only weight coordinates
+about 1e-3), and raw features leave the first layer to learn those scales through Adam's fixed
+step size. Measured on lti-lm, 2,560 pseudo-sentence updates, 40 steps of 64: held-out token
+accuracy 8.0% raw vs 13.9% standardized undefended, 11.2% vs 17.0% under sign compression.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ class InversionModel(nn.Module):
     ) -> None:
         super().__init__()
         self.positions, self.vocab_size, self.head_kind = positions, vocab_size, head
+        # identity until standardize() sets them; saved with the weights
+        self.register_buffer("feature_shift", torch.zeros(features))
+        self.register_buffer("feature_scale", torch.ones(features))
         self.body = nn.Sequential(
             nn.Linear(features, FIRST),
             nn.ReLU(),
@@ -50,7 +61,19 @@ class InversionModel(nn.Module):
         else:
             raise ValueError(f"unknown head {head!r}: paper or embedding")
 
+    @torch.no_grad()
+    def standardize(self, features: torch.Tensor) -> None:
+        """Standardize inputs by the mean and standard deviation of each bin over ``features``
+        (``[N, k]``, N >= 2: the server's own pairs). A bin constant over them (one that holds
+        only coordinates the loss never reaches) is shifted, not scaled."""
+        if features.dim() != 2 or features.shape[0] < 2:
+            raise ValueError("standardizing takes at least two feature rows, [N, k]")
+        scale = features.std(0)
+        self.feature_shift.copy_(features.mean(0))
+        self.feature_scale.copy_(torch.where(scale > 0, scale, torch.ones_like(scale)))
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        features = (features - self.feature_shift) / self.feature_scale
         hidden = self.body(features).view(features.shape[0], self.positions, SECOND)
         if self.head_kind == "paper":
             return self.head(hidden)

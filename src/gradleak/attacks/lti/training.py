@@ -3,10 +3,11 @@
 Each step makes a batch of server batches, computes their defended, hashed updates
 (:class:`~gradleak.attacks.lti.pairs.UpdateSampler`) and takes one Adam step on the mean
 cross-entropy of the predicted tokens at the free positions (Wu et al.: Adam, the learning
-rate dropped tenfold half-way). A held-out set of pairs, made once, scores the model every
-``eval_every`` steps; training stops after ``patience`` evaluations without improvement and
-the best weights are kept (the paper trains a fixed number of epochs; stopping early on
-held-out data spends a CPU budget better and cannot overfit the auxiliary set unseen).
+rate dropped tenfold half-way). A held-out set of pairs, made first, sets the model's input
+standardization and scores the model every ``eval_every`` steps; training stops after
+``patience`` evaluations without improvement and the best weights are kept (the paper trains
+a fixed number of epochs; stopping early on held-out data spends a CPU budget better and
+cannot overfit the auxiliary set unseen).
 """
 
 from __future__ import annotations
@@ -70,10 +71,14 @@ def train_inverter(
     template = sampler.knowledge.template_ids
     held_contents, held_labels = draw(budget.held_out, generator)
     held_features = _features(sampler, template, held_contents, held_labels, generator)
-    optimizer = torch.optim.Adam(model.parameters(), lr=budget.lr)
-    job = _Job(best=(float("inf"), 0.0, _state(model)))
+    # fused: one pass over the weights per step (measured on lti-lm's 79M-weight model, one
+    # CPU thread: 0.08 s a step against 0.5 s for the default multi-tensor Adam)
+    optimizer = torch.optim.Adam(model.parameters(), lr=budget.lr, fused=True)
     if snapshot is not None and snapshot.is_file():
-        job = _restore(snapshot, model, optimizer, generator)
+        job = _restore(snapshot, model, optimizer, generator)  # its standardization included
+    else:
+        model.standardize(held_features)
+        job = _Job(best=(float("inf"), 0.0, _state(model)))
     half = max(1, budget.steps // 2)
     step = job.step
     while step < budget.steps:
