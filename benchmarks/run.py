@@ -37,10 +37,12 @@ Suites:
   lti_speed      LTI's costs on lti-lm: training updates per second (per-example gradients,
                  hashing), an inversion-model step with each head, reading one update.
   lti_table2     Wu et al. Table 2: TAG, LTI, LTI-P on lti-lm, 16-token WikiText-2 chunks,
-                 none / sign / prune keep 0.01 / noise 0.01 (200 inputs; TAG 20 at 500 steps).
+                 none / sign / prune keep 0.01 / noise 0.01 (200 inputs; TAG 10 at 500 steps).
   lti_aux        LTI under sign compression with 1k, 5k and all auxiliary chunks.
   lti_vs_lamp    LTI-P vs LAMP_cos vs DAGER on MiniLM CoLA B=1, eval and train mode, each
                  defense of Table 2 (4 inputs, 400 steps).
+  lti_batch      LTI-P on lti_table2's setting with B = 2 and 4 chunks per update,
+                 undefended and under sign compression (100 updates each).
 The defense suites run 4 inputs per cell at 400 steps unless --batches / --steps say otherwise.
 
 Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input order.

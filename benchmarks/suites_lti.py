@@ -32,6 +32,7 @@ MINILM_TRAINING = {"train_steps": 100, "train_batch": 32, "eval_every": 25, "pat
                    "held_out": 64}  # fmt: skip
 COLA_LENGTH = "9"
 AUX_SIZES = (1000, 5000, None)  # None: the whole validation split
+BATCH_SIZES = (2, 4)
 
 
 def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
@@ -87,9 +88,28 @@ def lti_vs_lamp(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-SUITES = {"lti_table2": lti_table2, "lti_aux": lti_aux, "lti_vs_lamp": lti_vs_lamp}
+def lti_batch(batches: int, data_dir: str | None) -> list[Cell]:
+    """LTI-P on Table 2's setting with B = 2 and 4 chunks per update, undefended and under sign
+    compression, at Table 2's training budget in steps (B = 1 is Table 2's row). The model
+    predicts B x 16 tokens; training and scoring match rows one-to-one."""
+    cells = []
+    for size in BATCH_SIZES:
+        for label in ("none", "sign"):
+            options = {**WIKI, "defense": COMPRESSION[label], **TRAINING, "attack": "lti-p"}
+            fields = cell("lti-lm", "wikitext2", size, batches, data_dir, **options)
+            cells.append((f"lti-p-wiki-{label}-b{size}", fields))
+    return cells
+
+
+SUITES = {
+    "lti_table2": lti_table2,
+    "lti_aux": lti_aux,
+    "lti_vs_lamp": lti_vs_lamp,
+    "lti_batch": lti_batch,
+}
 DEFAULT_SIZES = {
     "lti_table2": {"batches": LEARNED_INPUTS},
     "lti_aux": {"batches": LEARNED_INPUTS},
+    "lti_batch": {"batches": LEARNED_INPUTS // 2},
     "lti_vs_lamp": {"batches": 4, "steps": 400},
 }

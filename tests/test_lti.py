@@ -208,6 +208,33 @@ def test_the_model_standardizes_each_bin_by_the_servers_own_pairs():
         model.standardize(features[:1])
 
 
+def test_exchangeable_rows_are_matched_to_the_predicted_rows_they_fit():
+    """A batch of two 3-token rows predicted in the other order is read perfectly: the update
+    does not say which row came first. Rows of different lengths are not exchanged."""
+    from gradleak.attacks.lti.training import matched_contents
+
+    contents = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])
+    predicted = torch.tensor([[4, 5, 6, 1, 2, 3], [1, 2, 3, 4, 5, 6]])  # swapped, in order
+    logits = torch.nn.functional.one_hot(predicted, 8).float() * 20
+    matched = matched_contents(logits, contents, [3, 3])
+    assert matched.tolist() == predicted.tolist()
+    assert matched_contents(logits, contents, [6]) is contents  # one row: nothing to match
+    assert torch.equal(matched_contents(logits, contents, [2, 4]), contents)
+    # three rows, two of them exchangeable: only those two move
+    three = torch.tensor([[7, 1, 2, 3, 4]])
+    guess = torch.nn.functional.one_hot(torch.tensor([[7, 3, 4, 1, 2]]), 8).float() * 20
+    assert matched_contents(guess, three, [1, 2, 2]).tolist() == [[7, 3, 4, 1, 2]]
+    # the held-out score matches rows the same way
+    from gradleak.attacks.lti.training import evaluate
+
+    class Fixed(torch.nn.Module):
+        def forward(self, features):
+            return logits
+
+    assert evaluate(Fixed(), torch.zeros(2, 1), contents, [3, 3])[1] == 100.0
+    assert evaluate(Fixed(), torch.zeros(2, 1), contents)[1] == 50.0  # one row of 6: as given
+
+
 # --- the attacks ------------------------------------------------------------------------------
 
 WORDS = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"

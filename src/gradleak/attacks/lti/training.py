@@ -3,25 +3,28 @@
 Each step makes a batch of server batches, computes their defended, hashed updates
 (:class:`~gradleak.attacks.lti.pairs.UpdateSampler`) and takes one Adam step on the mean
 cross-entropy of the predicted tokens at the free positions (Wu et al.: Adam, the learning
-rate dropped tenfold half-way). A held-out set of pairs, made first, sets the model's input
-standardization and scores the model every ``eval_every`` steps; training stops after
-``patience`` evaluations without improvement and the best weights are kept (the paper trains
-a fixed number of epochs; stopping early on held-out data spends a CPU budget better and
-cannot overfit the auxiliary set unseen).
+rate dropped tenfold half-way; a batch's rows of one length matched one-to-one to the
+predicted rows first, :func:`matched_contents`). A held-out set of pairs, made first, sets
+the model's input standardization and scores the model every ``eval_every`` steps; training
+stops after ``patience`` evaluations without improvement and the best weights are kept (the
+paper trains a fixed number of epochs; stopping early on held-out data spends a CPU budget
+better and cannot overfit the auxiliary set unseen).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks.lti import checkpoint
-from gradleak.attacks.lti.batches import fill_template
+from gradleak.attacks.lti.batches import fill_template, free_counts
 from gradleak.attacks.lti.model import InversionModel
 from gradleak.attacks.lti.pairs import UpdateSampler
 
@@ -69,6 +72,7 @@ def train_inverter(
     than an uninterrupted one would.)"""
     started = time.perf_counter()
     template = sampler.knowledge.template_ids
+    rows = free_counts(template)
     held_contents, held_labels = draw(budget.held_out, generator)
     held_features = _features(sampler, template, held_contents, held_labels, generator)
     # fused: one pass over the weights per step (measured on lti-lm's 79M-weight model, one
@@ -88,14 +92,15 @@ def train_inverter(
         contents, labels = draw(budget.batch, generator)
         features = _features(sampler, template, contents, labels, generator)
         model.train()
-        loss = _loss(model(features), contents)
+        logits = model(features)
+        loss = _loss(logits, matched_contents(logits, contents, rows))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if progress:
             progress(step, budget.steps)
         if step % budget.eval_every == 0 or step == budget.steps:
-            held_loss, accuracy = evaluate(model, held_features, held_contents)
+            held_loss, accuracy = evaluate(model, held_features, held_contents, rows)
             job.losses.append(held_loss)
             if held_loss < job.best[0]:
                 job.best, job.waited = (held_loss, accuracy, _state(model)), 0
@@ -173,14 +178,52 @@ def _loss(logits: torch.Tensor, contents: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), contents.to(logits.device).flatten())
 
 
+def matched_contents(
+    logits: torch.Tensor, contents: torch.Tensor, rows: Sequence[int]
+) -> torch.Tensor:
+    """``contents`` (``[N, F]``, rows of ``rows`` free tokens in order) with each batch's
+    exchangeable rows reordered to fit the predicted rows best. Rows with the same number of
+    free tokens are exchangeable: an update sums over its batch's rows and does not say which
+    came first, so each predicted row is scored against the true row that a one-to-one
+    matching of least cross-entropy gives it (as Wu et al.'s code trains and scores batches).
+    Unchanged where no two rows share a length (B = 1 among them)."""
+    starts = [0, *itertools.accumulate(rows)]
+    groups: dict[int, list[int]] = {}
+    for row, count in enumerate(rows):
+        groups.setdefault(count, []).append(row)
+    exchangeable = [group for group in groups.values() if len(group) > 1]
+    if not exchangeable:
+        return contents
+    contents = contents.to(logits.device)
+    matched = contents.clone()
+    log_probs = logits.detach().log_softmax(-1)
+    n = contents.shape[0]
+    for group in exchangeable:
+        count, size = rows[group[0]], len(group)
+        positions = torch.tensor([starts[r] + t for r in group for t in range(count)])
+        predicted = log_probs[:, positions].view(n, size, 1, count, -1)
+        truth = contents[:, positions].view(n, size, count)
+        # cost[i, a, b]: predicted row a scored against true row b of batch i
+        index = truth.view(n, 1, size, count, 1).expand(n, size, size, count, 1)
+        cost = -predicted.expand(n, size, size, count, -1).gather(4, index).mean((3, 4))
+        for i, matrix in enumerate(cost.cpu().numpy()):
+            _, true_rows = linear_sum_assignment(matrix)
+            matched[i, positions] = truth[i, torch.as_tensor(true_rows)].flatten()
+    return matched
+
+
 @torch.no_grad()
 def evaluate(
-    model: InversionModel, features: torch.Tensor, contents: torch.Tensor
+    model: InversionModel,
+    features: torch.Tensor,
+    contents: torch.Tensor,
+    rows: Sequence[int] | None = None,
 ) -> tuple[float, float]:
-    """Held-out loss and token accuracy (percent) of ``model``."""
+    """Held-out loss and token accuracy (percent) of ``model``; ``rows`` are the free tokens
+    of each row of a batch (their exchangeable rows are matched as in training)."""
     model.eval()
     logits = model(features)
-    contents = contents.to(logits.device)
+    contents = matched_contents(logits, contents.to(logits.device), rows or [contents.shape[1]])
     accuracy = float((logits.argmax(-1) == contents).float().mean()) * 100
     return float(_loss(logits, contents)), accuracy
 
