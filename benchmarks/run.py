@@ -39,6 +39,8 @@ Suites:
   lti_table2     Wu et al. Table 2: TAG, LTI, LTI-P on lti-lm, 16-token WikiText-2 chunks,
                  none / sign / prune keep 0.01 / noise 0.01 (200 inputs; TAG 10 at 500 steps).
   lti_aux        LTI under sign compression with 1k, 5k and all auxiliary chunks.
+  lti_budget     LTI-P undefended and under sign compression at 3000 training steps (four
+                 times lti_table2's), resumable across runs.
   lti_vs_lamp    LTI-P vs LAMP_cos vs DAGER on MiniLM CoLA B=1, eval and train mode, each
                  defense of Table 2 (4 inputs, 400 steps).
   lti_batch      LTI-P on lti_table2's setting with B = 2 and 4 chunks per update,

@@ -101,8 +101,22 @@ def lti_batch(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
+def lti_budget(batches: int, data_dir: str | None) -> list[Cell]:
+    """LTI-P undefended and under sign compression on Table 2's setting at four times its
+    training budget (3000 steps of 64 updates, several hours on a CPU core): what the
+    60-minute budget leaves on the table. The job snapshots every 100 steps and resumes."""
+    long = {**TRAINING, "train_steps": 3000, "eval_every": 100, "patience": 5}
+    cells = []
+    for label in ("none", "sign"):
+        options = {**WIKI, "defense": COMPRESSION[label], **long, "attack": "lti-p"}
+        fields = cell("lti-lm", "wikitext2", 1, batches, data_dir, **options)
+        cells.append((f"lti-p-wiki-{label}-3000", fields))
+    return cells
+
+
 SUITES = {
     "lti_table2": lti_table2,
+    "lti_budget": lti_budget,
     "lti_aux": lti_aux,
     "lti_vs_lamp": lti_vs_lamp,
     "lti_batch": lti_batch,
@@ -111,5 +125,6 @@ DEFAULT_SIZES = {
     "lti_table2": {"batches": LEARNED_INPUTS},
     "lti_aux": {"batches": LEARNED_INPUTS},
     "lti_batch": {"batches": LEARNED_INPUTS // 2},
+    "lti_budget": {"batches": LEARNED_INPUTS},
     "lti_vs_lamp": {"batches": 4, "steps": 400},
 }
