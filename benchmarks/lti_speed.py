@@ -45,6 +45,7 @@ def lti_speed(out_dir: Path, batches: int, data_dir: str | None) -> None:
     rows = [
         _row("per-example gradients", BATCH, lambda: sampler.gradients(ids, None)),
         _row("feature hashing", BATCH, lambda: hasher.hash_blocks(gradients, batch=BATCH)),
+        _row("output layer's two products alone (a floor)", BATCH, _output_layer(victim)),
     ]
     table = victim.model.get_input_embeddings().weight
     targets = ids[:, 0, :]
@@ -75,6 +76,22 @@ def lti_speed(out_dir: Path, batches: int, data_dir: str | None) -> None:
     )
     for path in write_results(out_dir, "lti_speed", rows, started, notes):
         print(f"wrote {path}")
+
+
+def _output_layer(victim):
+    """The two matrix products every exact per-example gradient needs at the output layer:
+    the logits of BATCH x LENGTH positions over the vocabulary, and the backward pass through
+    the frozen table (softmax minus the next tokens, times the table). No softmax, no rest of
+    the model: a lower bound on the cost of making BATCH updates."""
+    table = victim.model.get_output_embeddings().weight.detach()
+    hidden = torch.randn(BATCH * LENGTH, table.shape[1])
+    scores = torch.randn(BATCH * LENGTH, table.shape[0])
+
+    def products():
+        hidden @ table.T
+        scores @ table
+
+    return products
 
 
 def _row(part: str, count: int, work) -> dict:

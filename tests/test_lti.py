@@ -127,8 +127,8 @@ def test_training_updates_go_through_the_public_defenses_and_the_hasher(tiny_vic
 
 def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     """A tiny causal LM, one 6-token sentence per update, pseudo-sentences over 20 words: 40
-    Adam steps of 32 pairs read held-out tokens far above chance (5%); measured 97% after 150
-    steps, 79% under sign compression."""
+    Adam steps of 32 pairs read held-out tokens far above chance (5%): measured 79.7%, and
+    98.4% after 150 steps."""
     from gradleak.attacks.lti.batches import TokenDistribution, content_ids
     from gradleak.attacks.lti.model import InversionModel
     from gradleak.attacks.lti.pairs import UpdateSampler
@@ -156,7 +156,7 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     budget = TrainingBudget(steps=40, batch=32, eval_every=20, patience=2, held_out=64)
     report = train_inverter(model, sampler, draw, budget, torch.Generator().manual_seed(0))
     assert report.steps == 40 and report.samples == 1280 and len(report.losses) == 2
-    assert report.best_accuracy > 30
+    assert report.best_accuracy > 50
     # and on a fresh sentence, through the same features a client's update gives
     contents, _ = draw(16, torch.Generator().manual_seed(99))
     from gradleak.attacks.lti.batches import fill_template
@@ -308,31 +308,29 @@ def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
     word_files, tmp_path, monkeypatch
 ):
     """Wu et al.'s Table 2 in miniature: under sign compression TAG recovers nothing (0 here,
-    0.06 in the paper) while LTI-P, 80 training steps on pseudo-sentences, reads tokens of
-    all 8 private sentences (measured: ROUGE-1 49 and 74, token accuracy 46% and 71%, with
-    hashing seeds 0 and 1; at 40 steps 23 to 42 across seeds and CPU kinds, too close to call)."""
+    0.06 in the paper) while LTI-P, 40 training steps on pseudo-sentences, reads most tokens
+    of all 8 private sentences (measured: ROUGE-1 79.7 and 92.4, token accuracy 81% and 92%,
+    with hashing seeds 0 and 1; 23 to 42 before the model standardized its inputs)."""
     sign = {"defense": "sign", "n_inputs": 8}
-    lti = lti_run(word_files, tmp_path, monkeypatch, train_steps=80, **sign)
+    lti = lti_run(word_files, tmp_path, monkeypatch, **sign)
     tag = lti_run(word_files, tmp_path, monkeypatch, attack="tag", steps=30, **sign)
-    assert lti.metrics.strict.rouge1 > tag.metrics.strict.rouge1 + 25
-    assert lti.metrics.strict.token_accuracy > 25
+    assert lti.metrics.strict.rouge1 > tag.metrics.strict.rouge1 + 50
+    assert lti.metrics.strict.token_accuracy > 50
     info = lti.samples[0].info
     assert info["trained_now"] and info["training"]["data"]["texts"] == 200
     assert lti.samples[1].info["checkpoint"] == info["checkpoint"]  # one model, both inputs
-    again = lti_run(word_files, tmp_path, monkeypatch, train_steps=80, **sign)
+    again = lti_run(word_files, tmp_path, monkeypatch, **sign)
     assert not again.samples[0].info["trained_now"]
     assert [s.prediction for s in again.samples] == [s.prediction for s in lti.samples]
     # reading it another way is the same model
-    bag = lti_run(word_files, tmp_path, monkeypatch, train_steps=80, lti_decode="bag", **sign)
+    bag = lti_run(word_files, tmp_path, monkeypatch, lti_decode="bag", **sign)
     assert bag.samples[0].info["checkpoint"] == info["checkpoint"]
     assert not bag.samples[0].info["trained_now"]
     # a checkpoint given for another scenario is refused, naming what differs
     from gradleak.errors import GradleakError
 
     with pytest.raises(GradleakError, match="was trained for another defenses"):
-        lti_run(
-            word_files, tmp_path, monkeypatch, train_steps=80, lti_checkpoint=info["checkpoint"]
-        )
+        lti_run(word_files, tmp_path, monkeypatch, lti_checkpoint=info["checkpoint"])
 
 
 def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_path, monkeypatch):
