@@ -235,35 +235,6 @@ def test_exchangeable_rows_are_matched_to_the_predicted_rows_they_fit():
     assert evaluate(Fixed(), torch.zeros(2, 1), contents)[1] == 50.0  # one row of 6: as given
 
 
-def test_bag_decoding_reads_the_multiset_of_most_expected_overlap():
-    """Two positions, each 0.5 'a' and 0.45 'b': the argmax says 'a a' (ROUGE-1 counts one
-    'a'), bag decoding 'a b' (a second 'a' is worth P(both are a) = 0.25, a 'b' 0.70), placed
-    where each is likeliest; rows of a batch are decoded separately."""
-    import itertools
-
-    from gradleak.attacks.lti.decoding import _at_least, decode
-
-    rows = torch.tensor([[0.5, 0.45, 0.05], [0.5, 0.45, 0.05]])
-    log_probs = rows.log()[None]
-    assert decode(log_probs, [2], "argmax").tolist() == [[0, 0]]
-    assert sorted(decode(log_probs, [2], "bag")[0].tolist()) == [0, 1]
-    ordered = torch.tensor([[0.6, 0.35, 0.05], [0.3, 0.65, 0.05]]).log()[None]
-    assert decode(ordered, [2], "bag").tolist() == [[0, 1]]
-    assert decode(torch.cat([ordered, ordered], 1), [2, 2], "bag").tolist() == [[0, 1, 0, 1]]
-    with pytest.raises(ValueError, match="argmax or bag"):
-        decode(log_probs, [2], "beam")
-    # P(count >= j) against enumerating every outcome of four positions
-    chances = torch.rand(4, 3, generator=torch.Generator().manual_seed(0)).double() * 0.6
-    for column, tail in enumerate(_at_least(chances)):
-        exactly = [0.0] * 5
-        for drawn in itertools.product([0, 1], repeat=4):
-            column_chances = chances[:, column].tolist()
-            odds = [c if d else 1 - c for c, d in zip(column_chances, drawn, strict=True)]
-            exactly[sum(drawn)] += torch.tensor(odds).prod().item()
-        expected = [sum(exactly[j:]) for j in range(1, 5)]
-        torch.testing.assert_close(tail, torch.tensor(expected, dtype=torch.double))
-
-
 # --- the attacks ------------------------------------------------------------------------------
 
 WORDS = "the a cat dog sat ran on home mat big red old new man woman tree house car sun day"
@@ -322,10 +293,6 @@ def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
     again = lti_run(word_files, tmp_path, monkeypatch, **sign)
     assert not again.samples[0].info["trained_now"]
     assert [s.prediction for s in again.samples] == [s.prediction for s in lti.samples]
-    # reading it another way is the same model
-    bag = lti_run(word_files, tmp_path, monkeypatch, lti_decode="bag", **sign)
-    assert bag.samples[0].info["checkpoint"] == info["checkpoint"]
-    assert not bag.samples[0].info["trained_now"]
     # a checkpoint given for another scenario is refused, naming what differs
     from gradleak.errors import GradleakError
 

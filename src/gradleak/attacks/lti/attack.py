@@ -25,7 +25,6 @@ from gradleak.attacks.lti.batches import (
     aux_contents,
     content_ids,
     fill_template,
-    free_counts,
 )
 from gradleak.attacks.lti.hashing import FeatureHasher
 from gradleak.attacks.lti.model import FIRST, InversionModel
@@ -124,8 +123,7 @@ class LtiAttack(Attack[LtiSettings]):
         features = update_features(update, plan.keys, hasher).to(
             next(trained.model.parameters()).device
         )
-        rows = free_counts(knowledge.template_ids)
-        contents = predict(trained.model, features[None], rows, self.settings.decode)
+        contents = predict(trained.model, features[None])
         ids = fill_template(knowledge.template_ids, contents)[0]
         token_ids = [
             row[:length].tolist() for row, length in zip(ids, knowledge.lengths, strict=True)

@@ -46,12 +46,6 @@ class LtiSettings(AttackSettings):
         "(scores against the victim's frozen token embeddings)",
         json_schema_extra={"option": "--lti-head"},
     )
-    decode: Literal["argmax", "bag"] = Field(
-        "argmax",
-        description="reading tokens off the model: argmax (Wu et al.: the likeliest token at each "
-        "position) or bag (the multiset of most expected ROUGE-1 overlap, then ordered)",
-        json_schema_extra={"option": "--lti-decode"},
-    )
     train_steps: int = Field(2000, ge=1, description="training steps of the inversion model")
     train_batch: int = Field(64, ge=1, description="updates per training step")
     train_lr: float = Field(

@@ -25,7 +25,6 @@ from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks.lti import checkpoint
 from gradleak.attacks.lti.batches import fill_template, free_counts
-from gradleak.attacks.lti.decoding import Decode, decode
 from gradleak.attacks.lti.model import InversionModel
 from gradleak.attacks.lti.pairs import UpdateSampler
 
@@ -234,14 +233,7 @@ def _state(model: InversionModel) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def predict(
-    model: InversionModel,
-    features: torch.Tensor,
-    rows: Sequence[int] | None = None,
-    how: Decode = "argmax",
-) -> torch.Tensor:
-    """The tokens the model reads from ``features``: ``[N, P]``, by ``how``
-    (:mod:`~gradleak.attacks.lti.decoding`; ``rows``: the free positions of each batch row)."""
+def predict(model: InversionModel, features: torch.Tensor) -> torch.Tensor:
+    """The most likely token at each free position: ``[N, P]``."""
     model.eval()
-    logits = model(features)
-    return decode(logits.log_softmax(-1), rows or [logits.shape[1]], how)
+    return model(features).argmax(-1)
