@@ -150,7 +150,7 @@ def test_lti_p_learns_to_read_held_out_tokens_from_updates(tiny_victim):
     torch.manual_seed(0)
     model = InversionModel(hasher.k, free, vocab, head="embedding", embedding=embedding)
 
-    def draw(n, generator):
+    def draw(n, generator, held_out=False):
         return distribution.draw(n * free, generator).view(n, free), None
 
     budget = TrainingBudget(steps=40, batch=32, eval_every=20, patience=2, held_out=64)
@@ -307,7 +307,7 @@ def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_
     with pytest.raises(GradleakError, match=r"lti trained on 1 of this batch's private texts"):
         lti_run(
             word_files, tmp_path, monkeypatch, attack="lti", aux_dataset=f"file:{private}",
-            n_inputs=1, train_steps=2,
+            n_inputs=1, train_steps=2, train_batch=2, held_out=2,
         )  # fmt: skip
 
 
@@ -319,6 +319,8 @@ def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_
         ({"defense": "dpsgd:clip=1.0,sigma=0.1"}, "models per-update defenses"),
         ({"hash_fraction": 1.0, "model": "minilm", "task": "classification", "label": "1"},
          "lower --hash-fraction"),
+        ({"attack": "lti", "held_out": 190},
+         r"gives 200 batches .* fewer than --held-out \(190\) plus one --train-batch \(32\)"),
     ],
 )  # fmt: skip
 def test_lti_says_where_it_does_not_apply(word_files, tmp_path, monkeypatch, options, message):
@@ -326,6 +328,26 @@ def test_lti_says_where_it_does_not_apply(word_files, tmp_path, monkeypatch, opt
 
     with pytest.raises(GradleakError, match=message):
         lti_run(word_files, tmp_path, monkeypatch, n_inputs=1, **options)
+
+
+def test_lti_never_trains_on_its_held_out_auxiliary_batches(tiny_victim):
+    """The held-out batches that decide early stopping are set aside from the auxiliary pool
+    once: epochs of training draws never return them."""
+    from gradleak.attacks.lti.attack import LtiAttack
+    from gradleak.attacks.lti.settings import LtiSettings
+
+    _, _, knowledge = _one_sentence_scenario(tiny_victim)
+    free = int((knowledge.template_ids < 0).sum())
+    sequences = [[token] * free for token in range(100)]  # 100 distinct batches
+    attack = LtiAttack(LtiSettings(held_out=10, train_batch=30))
+    draw = attack._draw(knowledge, sequences, {"dataset": "test"})
+    generator = torch.Generator().manual_seed(0)
+    held, _ = draw(10, generator, held_out=True)
+    trained = torch.cat([draw(30, generator)[0] for _ in range(12)])  # four epochs of the rest
+    held_rows = {tuple(row) for row in held.tolist()}
+    trained_rows = {tuple(row) for row in trained.tolist()}
+    assert len(held_rows) == 10 and len(trained_rows) == 90
+    assert not held_rows & trained_rows
 
 
 def test_an_interrupted_training_resumes_to_the_same_model(tiny_victim, tmp_path):
@@ -344,7 +366,7 @@ def test_an_interrupted_training_resumes_to_the_same_model(tiny_victim, tmp_path
     free = int((knowledge.template_ids < 0).sum())
     budget = TrainingBudget(steps=12, batch=8, eval_every=4, patience=9, held_out=8)
 
-    def draw(n, generator):
+    def draw(n, generator, held_out=False):
         return distribution.draw(n * free, generator).view(n, free), None
 
     def model():

@@ -225,20 +225,32 @@ class LtiAttack(Attack[LtiSettings]):
             vocab = gm.adapter.token_embedding(unwrap(gm.model)).weight.shape[0]
             distribution = TokenDistribution.count(sequences, vocab, str(source))
 
-            def draw(n: int, generator: torch.Generator):
+            def draw(n: int, generator: torch.Generator, held_out: bool = False):
                 contents = distribution.draw(n * free, generator).view(n, free)
                 return contents, labels_for(n, generator)
 
             return draw
         pool = aux_contents(sequences, template)
+        s = self.settings
+        if len(pool) < s.held_out + s.train_batch:
+            raise GradleakError(
+                f"the auxiliary text gives {len(pool)} batches of the private batch's shape, "
+                f"fewer than --held-out ({s.held_out}) plus one --train-batch ({s.train_batch}): "
+                "give more auxiliary text or lower --held-out"
+            )
+        # the held-out batches are set aside once, at random, and never trained on
+        aside = torch.randperm(len(pool), generator=torch.Generator().manual_seed(s.hash_seed))
+        held, kept = aside[: s.held_out], aside[s.held_out :]
         order: list[int] = []
 
-        def draw_aux(n: int, generator: torch.Generator):
+        def draw_aux(n: int, generator: torch.Generator, held_out: bool = False):
             nonlocal order
+            if held_out:
+                return pool[held], labels_for(len(held), generator)
             picked = []
-            for _ in range(n):  # epochs over the pool, shuffled each time
+            for _ in range(n):  # epochs over the rest of the pool, shuffled each time
                 if not order:
-                    order = torch.randperm(len(pool), generator=generator).tolist()
+                    order = kept[torch.randperm(len(kept), generator=generator)].tolist()
                 picked.append(order.pop())
             return pool[picked], labels_for(n, generator)
 
@@ -308,7 +320,7 @@ class LtiAttack(Attack[LtiSettings]):
             "hashing": [hasher.m, hasher.k, hasher.seed, hasher.signed],
             "head": s.head,
             "inputs": "standardized",  # per-bin, from the held-out pairs
-            "data": source,
+            "data": source if self.pseudo else source | {"held_out": "set aside"},
             "budget": [s.train_steps, s.train_batch, s.train_lr, s.eval_every, s.patience,
                        s.held_out],
         }  # fmt: skip
