@@ -92,13 +92,11 @@ def lti_batch(batches: int, data_dir: str | None) -> list[Cell]:
     """LTI-P on Table 2's setting with B = 2 and 4 chunks per update, undefended and under sign
     compression, at Table 2's training budget in steps (B = 1 is Table 2's row). The model
     predicts B x 16 tokens; training and scoring match rows one-to-one."""
-    cells = []
-    for size in BATCH_SIZES:
-        for label in ("none", "sign"):
-            options = {**WIKI, "defense": COMPRESSION[label], **TRAINING, "attack": "lti-p"}
-            fields = cell("lti-lm", "wikitext2", size, batches, data_dir, **options)
-            cells.append((f"lti-p-wiki-{label}-b{size}", fields))
-    return cells
+    return [
+        (f"lti-p-wiki-{label}-b{size}", _wiki_lti_p(label, size, TRAINING, batches, data_dir))
+        for size in BATCH_SIZES
+        for label in ("none", "sign")
+    ]
 
 
 def lti_budget(batches: int, data_dir: str | None) -> list[Cell]:
@@ -106,12 +104,16 @@ def lti_budget(batches: int, data_dir: str | None) -> list[Cell]:
     training budget (3000 steps of 64 updates, several hours on a CPU core): what the
     60-minute budget leaves on the table. The job snapshots every 100 steps and resumes."""
     long = {**TRAINING, "train_steps": 3000, "eval_every": 100, "patience": 5}
-    cells = []
-    for label in ("none", "sign"):
-        options = {**WIKI, "defense": COMPRESSION[label], **long, "attack": "lti-p"}
-        fields = cell("lti-lm", "wikitext2", 1, batches, data_dir, **options)
-        cells.append((f"lti-p-wiki-{label}-3000", fields))
-    return cells
+    return [
+        (f"lti-p-wiki-{label}-3000", _wiki_lti_p(label, 1, long, batches, data_dir))
+        for label in ("none", "sign")
+    ]
+
+
+def _wiki_lti_p(label: str, size: int, training: dict, batches: int, data_dir: str | None):
+    """An LTI-P cell on Table 2's setting: defense ``label``, B = ``size``."""
+    options = {**WIKI, "defense": COMPRESSION[label], **training, "attack": "lti-p"}
+    return cell("lti-lm", "wikitext2", size, batches, data_dir, **options)
 
 
 SUITES = {

@@ -204,12 +204,13 @@ def matched_contents(
         return contents
     contents = contents.to(logits.device)
     matched = contents.clone()
-    log_probs = logits.detach().log_softmax(-1)
     n = contents.shape[0]
     for group in exchangeable:
         count, size = rows[group[0]], len(group)
         positions = torch.tensor([starts[r] + t for r in group for t in range(count)])
-        predicted = log_probs[:, positions].view(n, size, 1, count, -1)
+        # log-probabilities of this group's positions only (the loss takes its own softmax)
+        log_probs = logits[:, positions].detach().log_softmax(-1)
+        predicted = log_probs.view(n, size, 1, count, -1)
         truth = contents[:, positions].view(n, size, count)
         # cost[i, a, b]: predicted row a scored against true row b of batch i
         index = truth.view(n, 1, size, count, 1).expand(n, size, size, count, 1)
