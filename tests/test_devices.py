@@ -188,8 +188,11 @@ def test_dager_on_cuda_gives_the_cpu_record(name, tmp_path):
     record = json.loads(out.read_text(encoding="utf-8"))
     expected = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     assert record["device"] == "cuda:0"
-    assert [s["prediction"] for s in record["samples"]] == [
-        s["prediction"] for s in expected["samples"]
+    # A batch's order is not in its update: exact rows are ranked by distances of rounding
+    # size, which differ between devices (seen on an H200: dager_bert's two rows swapped). The
+    # rows found and the matched scores must be the CPU's.
+    assert [sorted(s["prediction"]) for s in record["samples"]] == [
+        sorted(s["prediction"]) for s in expected["samples"]
     ]
     assert record["metrics"]["strict"] == expected["metrics"]["strict"]
 

@@ -300,6 +300,23 @@ def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
         lti_run(word_files, tmp_path, monkeypatch, lti_checkpoint=info["checkpoint"])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_lti_p_trains_on_cuda_and_its_cached_model_reads_on_the_cpu(
+    word_files, tmp_path, monkeypatch
+):
+    """The miniature above with the victim and the inversion model on CUDA: it reads the
+    private sentences as a CPU-trained model does, and its cached weights then serve a CPU
+    run without training again (the key names the scenario, not the device)."""
+    sign = {"defense": "sign", "n_inputs": 8}
+    gpu = lti_run(word_files, tmp_path, monkeypatch, device="cuda", **sign)
+    assert gpu.device == "cuda:0" and gpu.samples[0].info["trained_now"]
+    assert gpu.metrics.strict.rouge1 > 50 and gpu.metrics.strict.token_accuracy > 50
+    cpu = lti_run(word_files, tmp_path, monkeypatch, **sign)
+    assert cpu.device == "cpu" and not cpu.samples[0].info["trained_now"]
+    assert abs(cpu.metrics.strict.rouge1 - gpu.metrics.strict.rouge1) < 5
+
+
 def test_lti_refuses_auxiliary_text_that_holds_private_examples(word_files, tmp_path, monkeypatch):
     from gradleak.errors import GradleakError
 

@@ -373,8 +373,8 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 if len(slots) < 2:
                     continue
                 perms = candidate_permutations(slots.tolist(), length, s.candidates, generator)
+                perms = perms.to(free.device)  # drawn on the CPU: one draw on every device
                 unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
-                unique, inverse = unique.to(free.device), inverse.to(free.device)
                 candidates = free.expand(len(unique), -1, -1, -1).clone()
                 candidates[:, b] = free[b][unique]
                 score = ws.score(candidates).double()
