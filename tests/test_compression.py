@@ -122,6 +122,30 @@ def test_pruning_breaks_ties_by_position_and_is_deterministic():
     assert out.tensors["a"].tolist() == [1.0] * 5 + [0.0] * 5 and not out.tensors["b"].any()
 
 
+@pytest.mark.parametrize(
+    "defense",
+    ["sign", "sign:scale=mean", "prune:keep=0.1", "prune:keep=0.1,scope=global", "noise:sigma=0.1"],
+)
+def test_a_stack_of_updates_is_defended_as_each_update_alone(defense):
+    """``apply_rows`` (how LTI defends its many training updates) gives each row exactly what
+    ``apply`` gives it alone, ties and random draws included."""
+    (built,) = build_defenses([DEFENSES.settings(s) for s in parse_defenses(defense)])
+    generator = torch.Generator().manual_seed(3)
+    stack = {
+        "w": torch.randn(5, 4, 6, generator=generator).round(decimals=1),  # ties at threshold
+        "b": torch.randn(5, 7, generator=generator),
+        "z": torch.zeros(5, 3),
+    }
+    rows = ClientUpdate(kind="gradient", tensors=stack, metadata={"n_samples": 1})
+    together = built.apply_rows(rows, torch.Generator().manual_seed(9))
+    alone, draws = [], torch.Generator().manual_seed(9)
+    for n in range(5):
+        alone.append(built.apply(update_of(**{k: t[n] for k, t in stack.items()}), draws).tensors)
+    for key, tensor in together.items():
+        assert torch.equal(tensor, torch.stack([a[key] for a in alone])), key
+    assert not torch.equal(together["b"], stack["b"])
+
+
 def test_pruning_keep_one_sends_the_update_and_leaves_the_input_alone():
     update = random_update()
     before = {k: t.clone() for k, t in update.tensors.items()}

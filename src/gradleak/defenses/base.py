@@ -78,6 +78,36 @@ class UpdateDefense(Defense[SettingsT]):
     def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
         """The defended update; random draws come from ``generator`` only."""
 
+    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The defense on N updates at once, each tensor of ``rows`` stacked ``[N, ...]``:
+        row ``n`` of the result is what :meth:`apply` gives row ``n``, with the random draws
+        in row order. A server that makes many updates (LTI's training pairs) calls this; a
+        defense whose rows do not interact vectorizes it (:class:`RowwiseDefense`)."""
+        count = next(iter(rows.tensors.values())).shape[0] if rows.tensors else 0
+        defended = [self.apply(_row(rows, n), generator).tensors for n in range(count)]
+        return {key: torch.stack([d[key] for d in defended]) for key in rows.tensors}
+
+
+class RowwiseDefense(UpdateDefense[SettingsT]):
+    """A per-update defense without random draws, written for a stack of updates
+    (:meth:`apply_rows`); one update is a stack of one."""
+
+    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+        stacked = {key: t[None] for key, t in update.tensors.items()}
+        rows = ClientUpdate(kind=update.kind, tensors=stacked, metadata=update.metadata)
+        tensors = {key: t[0] for key, t in self.apply_rows(rows, generator).items()}
+        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
+
+    @abstractmethod
+    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Each row's defended tensors, computed for all rows at once."""
+
+
+def _row(rows: ClientUpdate, n: int) -> ClientUpdate:
+    """Update ``n`` of a stack of updates."""
+    tensors = {key: t[n] for key, t in rows.tensors.items()}
+    return ClientUpdate(kind=rows.kind, tensors=tensors, metadata=dict(rows.metadata))
+
 
 class AcrossClientsDefense(Defense[SettingsT]):
     """A defense that combines several clients' updates into what the server sees.

@@ -23,7 +23,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from gradleak.defenses.base import DefenseSettings, UpdateDefense
+from gradleak.defenses.base import DefenseSettings, RowwiseDefense
 from gradleak.federated.client import ClientUpdate
 
 
@@ -46,42 +46,52 @@ def kept_count(keep: float, numel: int) -> int:
 
 
 def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Boolean mask of the ``k`` entries of the 1-D ``values`` largest in magnitude; among
-    equal magnitudes at the threshold, the earliest positions."""
-    n = values.numel()
+    """Boolean mask of the ``k`` entries largest in magnitude of each row of ``values``
+    (``[N, n]``, or one row ``[n]``); among equal magnitudes at the threshold, the earliest
+    positions."""
+    if values.dim() == 1:
+        return top_k_mask(values[None], k)[0]
+    n = values.shape[1]
     if k >= n:
-        return torch.ones(n, dtype=torch.bool, device=values.device)
+        return torch.ones_like(values, dtype=torch.bool)
     if k <= 0:
-        return torch.zeros(n, dtype=torch.bool, device=values.device)
+        return torch.zeros_like(values, dtype=torch.bool)
     magnitude = values.abs()
-    threshold = torch.kthvalue(magnitude, n - k + 1).values  # the k-th largest
+    if k <= n // 2:
+        # Fast path (one partial selection and no count over the rows): the selection is the
+        # answer unless it left out an entry equal to its smallest, when position decides.
+        top = torch.topk(magnitude, k, dim=1, sorted=False)
+        threshold = top.values.amin(dim=1, keepdim=True)
+        mask = torch.zeros_like(magnitude, dtype=torch.bool).scatter_(1, top.indices, True)
+        if not ((magnitude == threshold) & ~mask).any():
+            return mask
+    else:
+        threshold = torch.kthvalue(magnitude, n - k + 1, dim=1, keepdim=True).values
     mask = magnitude > threshold
-    ties = (magnitude == threshold).nonzero().flatten()
-    mask[ties[: k - int(mask.sum())]] = True
-    return mask
+    ties = magnitude == threshold
+    room = k - mask.sum(dim=1, keepdim=True)
+    return mask | (ties & (ties.cumsum(dim=1) <= room))
 
 
-class TopKPruning(UpdateDefense[PruneSettings]):
+class TopKPruning(RowwiseDefense[PruneSettings]):
     """Zeroes all but the ``keep`` fraction of coordinates largest in magnitude."""
 
-    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
-        keep = self.settings.keep
+    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        keep, stacked = self.settings.keep, rows.tensors
         if self.settings.scope == "tensor":
             masks = {
-                key: top_k_mask(t.flatten(), kept_count(keep, t.numel())).view(t.shape)
-                for key, t in update.tensors.items()
+                key: top_k_mask(t.flatten(1), kept_count(keep, t.shape[1:].numel())).view(t.shape)
+                for key, t in stacked.items()
+            }
+        elif stacked:
+            keys = sorted(stacked)  # a fixed order: ties fall the same way
+            flat = torch.cat([stacked[key].flatten(1) for key in keys], dim=1)
+            whole = top_k_mask(flat, kept_count(keep, flat.shape[1]))
+            sizes = [stacked[key].shape[1:].numel() for key in keys]
+            masks = {
+                key: part.view(stacked[key].shape)
+                for key, part in zip(keys, whole.split(sizes, dim=1), strict=True)
             }
         else:
-            keys = sorted(update.tensors)  # a fixed order: ties fall the same way
-            flat = torch.cat([update.tensors[k].flatten() for k in keys]) if keys else None
-            whole = top_k_mask(flat, kept_count(keep, flat.numel())) if keys else None
-            masks, start = {}, 0
-            for key in keys:
-                tensor = update.tensors[key]
-                masks[key] = whole[start : start + tensor.numel()].view(tensor.shape)
-                start += tensor.numel()
-        tensors = {
-            key: torch.where(masks[key], t, torch.zeros_like(t))
-            for key, t in update.tensors.items()
-        }
-        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
+            masks = {}
+        return {key: torch.where(masks[key], t, torch.zeros_like(t)) for key, t in stacked.items()}

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from gradleak.defenses.base import DefenseSettings, UpdateDefense
+from gradleak.defenses.base import DefenseSettings, RowwiseDefense
 from gradleak.federated.client import ClientUpdate
 
 
@@ -30,14 +30,15 @@ class SignSettings(DefenseSettings):
     )
 
 
-class SignCompression(UpdateDefense[SignSettings]):
+class SignCompression(RowwiseDefense[SignSettings]):
     """Replaces every coordinate by its sign, optionally times its tensor's mean magnitude."""
 
-    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
         tensors = {}
-        for key, tensor in update.tensors.items():
+        for key, tensor in rows.tensors.items():
             signs = torch.sign(tensor)
-            if self.settings.scale == "mean" and tensor.numel() > 0:
-                signs = signs * tensor.abs().mean()
+            if self.settings.scale == "mean" and tensor.shape[1:].numel() > 0:
+                per_row = tensor.abs().flatten(1).mean(dim=1)
+                signs = signs * per_row.view(-1, *[1] * (tensor.dim() - 1))
             tensors[key] = signs
-        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
+        return tensors

@@ -106,18 +106,14 @@ class UpdateSampler:
         """Each batch's update through the public defenses, as the client applies them."""
         if not self.defenses:
             return tensors
-        metadata = update_metadata(self.global_model, self.knowledge.batch_size)
-        rows = []
-        for n in range(tensors[0].shape[0]):
-            update = ClientUpdate(
-                kind="gradient",
-                tensors={s.key: t[n] for s, t in zip(self.specs, tensors, strict=True)},
-                metadata=metadata,
-            )
-            for defense in self.defenses:
-                update = defense.apply(update, generator)
-            rows.append([update.tensors[s.key] for s in self.specs])
-        return [torch.stack(column) for column in zip(*rows, strict=True)]
+        rows = ClientUpdate(
+            kind="gradient",
+            tensors={s.key: t for s, t in zip(self.specs, tensors, strict=True)},
+            metadata=update_metadata(self.global_model, self.knowledge.batch_size),
+        )
+        for defense in self.defenses:  # per-update defenses only (require_modelled)
+            rows.tensors = defense.apply_rows(rows, generator)
+        return [rows.tensors[s.key] for s in self.specs]
 
     def features(
         self,
