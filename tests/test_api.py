@@ -215,10 +215,11 @@ def test_client_update_leaves_the_callers_model_exactly_as_it_was():
     state, threads = torch.get_rng_state(), torch.get_num_threads()
     scenario = {"protocol": "fedavg", "epochs": 2, "local_batch_size": 1, "lr": 1e-3,
                 "lora_rank": 4, "lora_roles": "qkv", "dropout": 0.2,
-                "defenses": "noise:sigma=0.01"}  # fmt: skip
+                "defenses": "noise:sigma=0.01", "client_precision": "float64"}  # fmt: skip
     update = gradleak.client_update(model, tokenizer, TEXTS, LABELS, **scenario)
     assert update.kind == "weight_delta" and update.n_samples == 2
     assert all("lora_" in name for name in update.tensors)
+    assert all(t.dtype == torch.float64 for t in update.tensors.values())
     assert_unchanged(model, before)
     assert torch.equal(torch.get_rng_state(), state) and torch.get_num_threads() == threads
     again = gradleak.client_update(model, tokenizer, TEXTS, LABELS, **scenario)

@@ -205,6 +205,22 @@ def test_fedavg_one_sgd_step_is_minus_lr_times_gradient(tiny_victim):
         assert torch.allclose(update.tensors[key], -lr * grad, atol=1e-6, rtol=1e-3), key
 
 
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_a_float64_client_computes_its_round_in_float64_on_a_copy(tiny_victim, algorithm):
+    victim = tiny_victim("tiny-bert")
+    batch = encode(victim)
+    single = Protocol(algorithm=algorithm, mode="eval", lr=1e-2)
+    double = single.model_copy(update={"precision": "float64"})
+    gm = GlobalModel.build(victim, double)
+    update = compute_update(gm, batch, seed=0)
+    reference = compute_update(GlobalModel.build(victim, single), batch, seed=0)
+    assert all(p.dtype == torch.float32 for p in gm.model.parameters())  # the global model
+    for key, tensor in update.tensors.items():
+        assert tensor.dtype == torch.float64, key
+        torch.testing.assert_close(tensor.float(), reference.tensors[key], rtol=1e-3, atol=1e-6)
+    assert update.metadata["precision"] == "float64"
+
+
 def test_fedavg_several_steps_is_the_real_multi_step_delta(tiny_victim):
     victim = tiny_victim("tiny-bert")
     batch = encode(victim)

@@ -122,6 +122,24 @@ def test_fedavg_one_sgd_step_gives_the_fedsgd_result(tiny_victim):
     assert fedavg == fedsgd == ["a dog ran home", "the cat sat on the mat"]
 
 
+@pytest.mark.parametrize("lr", [1e-6, 1e-5, 1e-4])
+def test_fedavg_of_a_float64_client_is_recovered_at_any_small_learning_rate(tiny_victim, lr):
+    """Two epochs of one-sentence SGD steps (4 local steps), default settings. A float64
+    client's delta holds the whole input span at any learning rate, and the rank cut at its
+    own rounding floor finds it (measured: exact at 1e-6, 1e-5, 1e-4, ranks 13 / 13; with the
+    floor of a float32 client the cut fell below the span and nothing was exact). The same
+    float32 client's delta at 1e-6 is mostly rounding: the batch is lost (measured: ranks
+    8 / 7 and not one sentence right)."""
+    victim = tiny_victim("tiny-gpt2")
+    protocol = {"mode": "eval", "algorithm": "fedavg", "epochs": 2, "local_batch_size": 1}
+    decoded, result = attack(victim, Protocol(**protocol, lr=lr, precision="float64"))
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    assert result.info["rank_layer1"] == 13
+    if lr == 1e-6:
+        decoded, _ = attack(victim, Protocol(**protocol, lr=lr))
+        assert not set(decoded) & {"a dog ran home", "the cat sat on the mat"}
+
+
 def test_lora_update_is_inverted_through_the_adapter_space(tiny_victim):
     protocol = Protocol(mode="eval", lora={"rank": 16, "roles": ("q", "k", "v")})
     decoded, _ = attack(tiny_victim("tiny-llama"), protocol, BATCH[:1])
@@ -312,6 +330,20 @@ def test_weight_delta_rank_stops_at_the_float32_rounding_floor():
     large = ((weight + 1e-6 * direction) - weight).double()
     exact = span_basis([large], 64, rank_tol=None, noise=[noise])
     assert exact.rank == 6 and exact.noise_floor is None
+
+
+def test_the_rounding_floor_follows_the_clients_precision():
+    """A float64 client's delta rounds at float64 spacing, 2^29 times finer than float32's:
+    a change far below float32 spacing is signal there, and the float32 floor would hide it."""
+    torch.manual_seed(0)
+    weight = 0.05 * torch.randn(96, 64)
+    single, double = rounding_noise(weight, 1), rounding_noise(weight, 1, torch.float64)
+    assert double == pytest.approx(single / 2**29, rel=0.05)
+    w64 = weight.double()
+    change = 1e-12 * (torch.randn(96, 6) @ torch.randn(6, 64)).double()
+    delta = (w64 + change) - w64  # a float64 client's step, below float32's spacing
+    assert span_basis([delta], 64, rank_tol=None, noise=[double]).rank == 6
+    assert span_basis([delta], 64, rank_tol=None, noise=[single]).rank == 0
 
 
 def test_ended_sentences_take_no_lone_spurious_extension():

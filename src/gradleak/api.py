@@ -171,6 +171,7 @@ def client_update(
     lora_roles: str | None = None,
     freeze_embeddings: bool | None = None,
     share: str | None = None,
+    client_precision: Literal["float32", "float64"] | None = None,
     defenses: str | None = None,
     max_tokens: int | None = None,
     seed: int = 0,
@@ -186,6 +187,7 @@ def client_update(
     ``optimizer``, ``shuffle``), ``mode`` train (realistic, dropout active; the default) or
     eval, ``dropout`` (override every rate), LoRA through ``lora_rank`` / ``lora_alpha`` /
     ``lora_roles``, ``freeze_embeddings``, ``share`` (``all`` or e.g. ``3.qv,*.f``),
+    ``client_precision`` (float32, or float64 for a client computing in double),
     ``defenses`` (``noise:sigma=0.01``, ``dpsgd:clip=1.0,sigma=0.1``, joined by ``+``),
     ``max_tokens`` (truncate). ``seed`` draws dropout masks, LoRA's initialization, local
     shuffling and defense noise: the same as the first input of ``run(..., seed=seed)``.
@@ -210,6 +212,7 @@ def client_update(
             "lora_roles": lora_roles,
             "freeze_embeddings": freeze_embeddings,
             "share": share,
+            "client_precision": client_precision,
             "defense": defenses,
             "max_tokens": max_tokens,
         }

@@ -323,6 +323,8 @@ def describe_scenario(config: RunConfig, dropout: float) -> dict[str, Any]:
         parts.append("frozen embeddings")
     if p.share != "all":
         parts.append(f"sharing {p.share}")
+    if p.precision != "float32":
+        parts.append(f"{p.precision} client")
     if config.scenario.defenses:
         parts.append(f"defenses {format_defenses(config.scenario.defenses)}")
     text = ", ".join(parts)

@@ -110,7 +110,10 @@ class GradientMatcher:
         for p in self.params:
             p.requires_grad_(True)
         received = [received_tensor(update, spec) for spec in self.specs]
-        self.targets = [t.detach() for t in as_gradient(update, received)]
+        # in the dummy gradients' dtype: a float64 client's update is matched in the attack's
+        # own precision (the optimization cannot use the bits float32 drops)
+        dtype = self.params[0].dtype if self.params else None
+        self.targets = [t.detach().to(dtype) for t in as_gradient(update, received)]
         self.distance = distance
         self.simulator: LocalTrainingSimulator | None = None
         if fedavg_match == "simulate":

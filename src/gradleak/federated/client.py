@@ -183,7 +183,9 @@ def compute_update(
         raise ValueError("a per-sample defense draws its noise from a generator: pass one")
     torch.manual_seed(seed)
     if protocol.algorithm == "fedsgd":
-        with client_mode(global_model.model, protocol.mode) as model:
+        # float32: the global model itself; float64: a float64 copy of it (same weights)
+        own = global_model.model if protocol.precision == "float32" else _client_copy(global_model)
+        with client_mode(own, protocol.mode) as model:
             if private is None:
                 tensors = _gradient(global_model, model, batch)
             else:
@@ -191,7 +193,7 @@ def compute_update(
                     tensors = _private_gradient(global_model, model, batch, steps)
         kind = "gradient"
     else:
-        model = global_model.copy_model()
+        model = _client_copy(global_model)
         set_mode(model, protocol.mode)
         params = dict(model.named_parameters())
         before = {s.param: params[s.param].detach().clone() for s in global_model.specs}
@@ -206,6 +208,13 @@ def compute_update(
         kind = "weight_delta"
     metadata = update_metadata(global_model, batch.input_ids.shape[0])
     return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
+
+
+def _client_copy(global_model: GlobalModel) -> nn.Module:
+    """A copy of the global model in the client's precision (float64 holds every float32
+    weight exactly: the same model, computing with 29 more bits)."""
+    model = global_model.copy_model()
+    return model.double() if global_model.protocol.precision == "float64" else model
 
 
 def update_metadata(global_model: GlobalModel, n_samples: int | None) -> dict[str, Any]:

@@ -79,6 +79,12 @@ class Protocol(BaseModel):
     lora: LoraSettings | None = None
     freeze_embeddings: bool = Field(False, description="do not train the embeddings")
     share: str = Field("all", description="tensors the client sends: all, or e.g. 3.qv,*.f")
+    precision: Literal["float32", "float64"] = Field(
+        "float32",
+        description="the client's arithmetic: float32 (as clients run) | float64 (its round "
+        "on a float64 copy of the model: a FedAvg delta without float32 rounding)",
+        json_schema_extra={"option": "--client-precision"},
+    )
 
     def steps_per_epoch(self, n_samples: int) -> int:
         b = self.local_batch_size or n_samples

@@ -54,7 +54,7 @@ SIGN_REFUSAL = (
 @dataclass
 class Block:
     """One projection's update, oriented ``[rows, input_dim]``, and the global weight it
-    changes (whose float32 spacing sets the rounding noise of a weight delta)."""
+    changes (whose spacing in the client's precision sets a weight delta's rounding noise)."""
 
     tensor: torch.Tensor
     weight: torch.Tensor
@@ -343,8 +343,9 @@ def _span(
     rank_tol: float | None,
     defenses: tuple[Any, ...] = (),
 ) -> SpanBasis:
-    """The blocks' joint span. A weight delta carries the float32 rounding of every local
-    step, which the server can size from the global weights it holds, and a public noise
+    """The blocks' joint span. A weight delta carries the rounding of every local step in
+    the client's precision (the delta's dtype), which the server can size from the global
+    weights it holds, and a public noise
     defense adds noise of a known size: the rank then counts the directions above that noise
     (a plain gradient keeps the cut at the largest drop)."""
     tensors = [b.tensor for b in blocks]
@@ -352,7 +353,10 @@ def _span(
     steps = int(update.metadata.get("local_steps", 1))
     noise = [
         noise_std(
-            defenses, b.tensor, rounding_noise(b.weight, steps) if delta else 0.0, update.metadata
+            defenses,
+            b.tensor,
+            rounding_noise(b.weight, steps, b.tensor.dtype) if delta else 0.0,
+            update.metadata,
         )
         for b in blocks
     ]

@@ -132,15 +132,17 @@ def estimate_rank(
     return cut + 1 if drops[cut] > 1.0 else int(s.numel())
 
 
-def rounding_noise(weight: torch.Tensor, steps: int) -> float:
-    """Standard deviation of the float32 rounding error in a weight delta ``W_new - W_old``.
+def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
+    """Standard deviation of the rounding error in a weight delta ``W_new - W_old`` that a
+    client computing in ``dtype`` (the delta's own dtype) sends.
 
-    Each local step stores the updated weights rounded to float32: an error about uniform in
-    +-ulp/2 of each entry (variance ulp^2 / 12), independent across entries and steps. With a
-    small learning rate the update is near that spacing (about 4e-9 for weights near 0.05),
-    so the error is a large share of the delta and fills its spectrum.
+    Each local step stores the updated weights rounded to ``dtype``: an error about uniform
+    in +-ulp/2 of each entry (variance ulp^2 / 12), independent across entries and steps. In
+    float32 with a small learning rate the update is near that spacing (about 4e-9 for
+    weights near 0.05), so the error is a large share of the delta and fills its spectrum; a
+    float64 client's spacing is 2^29 times finer.
     """
-    w = weight.detach().to(torch.float32)
+    w = weight.detach().to(dtype)
     ulp = (torch.nextafter(w, torch.full_like(w, math.inf)) - w).to(torch.float64)
     return math.sqrt(steps * float((ulp**2).mean()) / 12)
 

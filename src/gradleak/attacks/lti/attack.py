@@ -120,9 +120,8 @@ class LtiAttack(Attack[LtiSettings]):
         )
         trained = self._inverter(update, knowledge, plan, hasher)
         ready = time.perf_counter()
-        features = update_features(update, plan.keys, hasher).to(
-            next(trained.model.parameters()).device
-        )
+        weight = next(trained.model.parameters())  # a float64 client's update is read in
+        features = update_features(update, plan.keys, hasher).to(weight)  # the model's dtype
         contents = predict(trained.model, features[None])
         ids = fill_template(knowledge.template_ids, contents)[0]
         token_ids = [
