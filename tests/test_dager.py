@@ -167,6 +167,22 @@ def test_full_rank_batch_is_refused_with_its_reason(tiny_victim):
     assert str(failed.value) == refusal.reason
 
 
+def test_a_fixed_cut_under_a_float32_deltas_rounding_is_refused_naming_the_rounding(tiny_victim):
+    """A float32 FedAvg delta at lr 1e-5 cut at --rank-tol 1e-9: the rounding of the stored
+    weights fills the span, which the refusal says, with the fix; a float64 client's delta
+    under the same cut is no refusal (a gradient-like drop)."""
+    protocol = {"mode": "eval", "algorithm": "fedavg", "epochs": 2, "local_batch_size": 1}
+    fixed = DagerSettings(rank_tol=1e-9)
+    victim = tiny_victim("tiny-gpt2")
+    update, knowledge = client_round(victim, Protocol(**protocol, lr=1e-5))
+    refusal = DagerAttack(fixed).check(update, knowledge)
+    assert isinstance(refusal, Refusal) and "full rank" in refusal.reason
+    assert "rounding of its stored weights" in refusal.reason
+    assert "leave --rank-tol at its default" in refusal.reason
+    update, knowledge = client_round(victim, Protocol(**protocol, lr=1e-5, precision="float64"))
+    assert not isinstance(DagerAttack(fixed).check(update, knowledge), Refusal)
+
+
 @pytest.mark.parametrize(("share", "missing"), [("1.qkv", "first"), ("0.qkv", "second")])
 def test_update_without_a_layers_projections_is_an_error(tiny_victim, share, missing):
     update, knowledge = client_round(tiny_victim("tiny-llama"), Protocol(mode="eval", share=share))

@@ -66,7 +66,9 @@ class DagerAttack(Attack[DagerSettings]):
         layers: list[LayerCheck] = []
         for layer in (0, 1):
             checked = layer_check(update, knowledge, layer, self.settings)
-            refusal = full_rank_refusal(checked, layer, knowledge.defenses)
+            refusal = full_rank_refusal(
+                checked, layer, knowledge.defenses, update, self.settings.rank_tol
+            )
             refusal = refusal or pruning_refusal(checked, layer)
             if refusal is not None:
                 return refusal

@@ -212,23 +212,42 @@ def pruning_refusal(check: LayerCheck, layer: int) -> Refusal | None:
 
 
 def full_rank_refusal(
-    check: LayerCheck, layer: int, defenses: tuple[Any, ...] = ()
+    check: LayerCheck,
+    layer: int,
+    defenses: tuple[Any, ...] = (),
+    update: ClientUpdate | None = None,
+    rank_tol: float | None = None,
 ) -> Refusal | None:
-    """A refusal when one of the layer's spans is full: this batch's limit, not the setup's.
-    ``defenses``: the client's public defenses, which can fill the spectrum themselves."""
+    """A refusal when one of the layer's spans is full, naming what can fill it: the client's
+    public ``defenses``, the rounding of a float32 weight delta cut by a fixed ``rank_tol``
+    (the default cut sits above that rounding), or the batch itself."""
     for one in check.checks:
         if not one.span.full:
             continue
         limit = "LoRA rank" if one.transform is not None else "hidden size"
         cause = f"the batch holds at least as many distinct tokens as the {limit}"
+        fix = "use a smaller --batch-size or shorter inputs"
+        if update is not None and rank_tol is not None and _float32_delta(update):
+            cause = (
+                "a float32 client's weight delta is partly the rounding of its stored weights, "
+                f"which fills every direction above --rank-tol {rank_tol:g}, or {cause}"
+            )
+            fix = "leave --rank-tol at its default (the rounding floor), or " + fix
         if defenses:
             names = "+".join(d.name for d in defenses)
             cause = f"the client's defense ({names}) fills every direction, or {cause}"
         return Refusal(
             f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
-            f"{one.span.rank} ({cause}): use a smaller --batch-size or shorter inputs"
+            f"{one.span.rank} ({cause}): {fix}"
         )
     return None
+
+
+def _float32_delta(update: ClientUpdate) -> bool:
+    """Whether ``update`` is a FedAvg weight delta computed in float32 (or coarser)."""
+    if update.kind != "weight_delta" or not update.tensors:
+        return False
+    return next(iter(update.tensors.values())).dtype != torch.float64
 
 
 def _projection_gradients(
