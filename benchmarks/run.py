@@ -23,7 +23,8 @@ Suites:
                  Tomatoes, B = 1, 2, 4, 8, 16, 32, sequence classification and next token.
   dager_encoder  DAGER on MiniLM, eval-mode client, the three datasets, B = 1, 2, 4, 8.
   dager_fedavg   DAGER on SmolLM2 FedAvg updates, CoLA B=16: E = 2, 5, 10 x lr 1e-5, 1e-4, 5e-4;
-                 local batch b = 2, 4, 8 (E=1, lr 1e-4).
+                 local batch b = 2, 4, 8 (E=1, lr 1e-4); a float64 client on DAGER's grid
+                 (lr 5e-5 too, b = 16 too); float32 SGD lr 1e-2, 1e-3 and Adam lr 1e-4 (E=2).
   dager_lora     DAGER on SmolLM2 LoRA updates (r = 8, 32, 256), CoLA, B = 1, 4, 16.
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
   defense_noise  LAMP Table 5: TAG, LAMP_cos, LAMP_L2+L1 and DAGER on MiniLM, CoLA B=1,

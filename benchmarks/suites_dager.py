@@ -49,7 +49,9 @@ def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
 
 def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     """How far exactness survives several local steps on CoLA B=16: E x lr, then local
-    mini-batches b (one epoch of 16 / b steps, lr 1e-4), DAGER's ablation shapes."""
+    mini-batches b (one epoch of 16 / b steps, lr 1e-4), DAGER's ablation shapes, for a
+    float32 client (as clients run) and a float64 one (``-f64``: DAGER's table, whose delta
+    carries no float32 rounding), then float32 clients at the rates users train with."""
 
     def fedavg(name: str, **options) -> Cell:
         return name, _dager("smollm2", "cola", 16, batches, data_dir, protocol="fedavg", **options)
@@ -62,6 +64,18 @@ def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     cells += [
         fedavg(f"smollm2-cola-B16-E1-b{b}-lr0.0001", local_batch_size=b, lr=1e-4) for b in (2, 4, 8)
     ]
+    double = {"client_precision": "float64"}
+    cells += [
+        fedavg(f"smollm2-cola-B16-E{epochs}-lr{lr:g}-f64", epochs=epochs, lr=lr, **double)
+        for epochs in (2, 5, 10)
+        for lr in (1e-5, 5e-5, 1e-4, 5e-4)
+    ]
+    cells += [
+        fedavg(f"smollm2-cola-B16-E1-b{b}-lr0.0001-f64", local_batch_size=b, lr=1e-4, **double)
+        for b in (2, 4, 8, 16)
+    ]
+    cells += [fedavg(f"smollm2-cola-B16-E2-sgd-lr{lr:g}", epochs=2, lr=lr) for lr in (1e-2, 1e-3)]
+    cells.append(fedavg("smollm2-cola-B16-E2-adam-lr0.0001", epochs=2, lr=1e-4, optimizer="adam"))
     return cells
 
 
