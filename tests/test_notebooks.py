@@ -91,3 +91,19 @@ def test_the_notebook_runs_in_a_jupyter_kernel(name, kernel_env):
     assert executed.cells[-1].execution_count == len(
         [cell for cell in notebook.cells if cell.cell_type == "code"]
     )
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_outputs_name_no_path_of_the_machine_that_ran_them(name):
+    """A warning printed by a library names its file's absolute path (an install location
+    on whoever ran the notebook); committed outputs must not carry such paths."""
+    import re
+
+    notebook = json.loads((EXAMPLES / name).read_text(encoding="utf-8"))
+    texts = [
+        "".join(output.get("text", []))
+        for cell in notebook["cells"]
+        for output in cell.get("outputs", [])
+    ]
+    leaked = [t for t in texts if re.search(r"/(?:[\w.-]+/)+(?:site-packages|dist-packages)/", t)]
+    assert not leaked, leaked[0][:200]
