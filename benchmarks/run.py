@@ -25,6 +25,8 @@ Suites:
   dager_fedavg   DAGER on SmolLM2 FedAvg updates, CoLA B=16: E = 2, 5, 10 x lr 1e-5, 1e-4, 5e-4;
                  local batch b = 2, 4, 8 (E=1, lr 1e-4); a float64 client on DAGER's grid
                  (lr 5e-5 too, b = 16 too); float32 SGD lr 1e-2, 1e-3 and Adam lr 1e-4 (E=2).
+  dager_rounding what a float32 and a float64 FedAvg client leave of the batch in layer 1's
+                 q delta (zero entries, singular values, DAGER's rank), SmolLM2 CoLA B=16, E=2.
   dager_lora     DAGER on SmolLM2 LoRA updates (r = 8, 32, 256), CoLA, B = 1, 4, 16.
   dager_dropout  DAGER on MiniLM in train mode (dropout 0.1) vs eval mode, CoLA, B = 1, 4.
   defense_noise  LAMP Table 5: TAG, LAMP_cos, LAMP_L2+L1 and DAGER on MiniLM, CoLA B=1,
@@ -65,6 +67,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import lti_speed  # noqa: E402
 import suites_dager  # noqa: E402
@@ -86,7 +89,13 @@ CELL_SUITES = {
     **suites_lti.SUITES,
 }  # tables of ordinary runs
 # measured in-process
-TIMED_SUITES = {**timing.SUITES, **update_time.SUITES, **dp_step.SUITES, **lti_speed.SUITES}
+TIMED_SUITES = {
+    **timing.SUITES,
+    **update_time.SUITES,
+    **dp_step.SUITES,
+    **lti_speed.SUITES,
+    **dager_rounding.SUITES,
+}
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
 DEFAULT_SIZES = {
     **{suite: suites_defenses.DEFAULT_SIZE for suite in suites_defenses.SUITES},
