@@ -135,6 +135,7 @@ def test_fedavg_of_a_float64_client_is_recovered_at_any_small_learning_rate(tiny
     decoded, result = attack(victim, Protocol(**protocol, lr=lr, precision="float64"))
     assert decoded == ["a dog ran home", "the cat sat on the mat"]
     assert result.info["rank_layer1"] == 13
+    assert result.info["rank_cut"] == "largest drop, clear of the noise floor"
     if lr == 1e-6:
         decoded, _ = attack(victim, Protocol(**protocol, lr=lr))
         assert not set(decoded) & {"a dog ran home", "the cat sat on the mat"}

@@ -32,6 +32,7 @@ from gradleak.attacks.dager.check import (
     full_rank_refusal,
     layer_check,
     pruning_refusal,
+    rank_cut,
     require_scenario,
 )
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
@@ -114,5 +115,6 @@ class DagerAttack(Attack[DagerSettings]):
                 "notes": state.notes,
                 "rank_layer1": plan.layer1.rank,
                 "rank_layer2": plan.layer2.rank,
+                "rank_cut": rank_cut(plan, self.settings.rank_tol),
             },
         )

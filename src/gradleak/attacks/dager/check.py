@@ -211,6 +211,20 @@ def pruning_refusal(check: LayerCheck, layer: int) -> Refusal | None:
     )
 
 
+def rank_cut(plan: DagerPlan, rank_tol: float | None) -> str:
+    """Which rule set the plan's ranks, for the record: the user's --rank-tol, a known noise
+    floor (a weight delta's rounding in its dtype, a public noise defense), or the spectrum's
+    largest drop (above that floor, where one was known)."""
+    if rank_tol is not None:
+        return f"--rank-tol {rank_tol:g}"
+    spans = [c.span for layer in (plan.layer1, plan.layer2) for c in layer.checks]
+    if any(span.noise_floor is not None for span in spans):
+        return "noise floor (the update's rounding in its dtype and public noise)"
+    if any(span.whitened for span in spans):
+        return "largest drop, clear of the noise floor"
+    return "largest drop"
+
+
 def full_rank_refusal(
     check: LayerCheck,
     layer: int,
