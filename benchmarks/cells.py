@@ -52,6 +52,7 @@ def run_suite(
     report: bool = False,
     limit: int | None = None,
     workers: int = 1,
+    device: str = "cpu",
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
@@ -59,7 +60,8 @@ def run_suite(
     matching ``only``). A run with ``only`` still writes the whole table: the cells it skipped
     show their stored results, so filling a suite a few cells at a time loses no rows. ``limit``
     runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later.
-    ``workers`` attack that many inputs of a cell at once (see ``runner.run``)."""
+    ``workers`` attack that many inputs of a cell at once (see ``runner.run``); ``device`` is
+    where they compute (each record names it)."""
     chosen = [c for c in cells if only is None or only in c[0]]
     started = time.perf_counter()
     if report:
@@ -72,7 +74,9 @@ def run_suite(
             "machine line below describes the process that wrote this table."
         )
     else:
-        ran = {row["cell"]: row for row in run_cells(out_dir, suite, chosen, limit, workers)}
+        ran = {
+            row["cell"]: row for row in run_cells(out_dir, suite, chosen, limit, workers, device)
+        }
         skipped = [c for c in cells if c[0] not in ran]
         stored = {row["cell"]: row for row in finished_rows(out_dir, suite, skipped)}
         known = stored | ran
@@ -150,7 +154,12 @@ def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
 
 
 def run_cells(
-    out_dir: Path, suite: str, cells: list[Cell], limit: int | None = None, workers: int = 1
+    out_dir: Path,
+    suite: str,
+    cells: list[Cell],
+    limit: int | None = None,
+    workers: int = 1,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Run every cell (skipping finished ones; at most ``limit`` inputs of each) and return
     one summary row per cell."""
@@ -162,7 +171,7 @@ def run_cells(
         _adopt(out_dir, path, config)
         record = _finished(path, config)
         if record is None:
-            run = runner.run(config, out=str(path), limit=limit, workers=workers)
+            run = runner.run(config, out=str(path), limit=limit, workers=workers, device=device)
             record = run.to_json()
         rows.append(_row(name, record))
         print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
@@ -186,6 +195,7 @@ def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
         "update s/batch": record["timing"].get("update_s", 0.0) / n,
         "peak MB": max((s.get("peak_rss_mb") or 0 for s in record["samples"]), default=0) or None,
         "failed": len(record["failed_inputs"]),
+        "device": record.get("device", "cpu"),
         **_epsilon(record["samples"]),
     }
 

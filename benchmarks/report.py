@@ -47,7 +47,9 @@ def markdown(payload: dict[str, Any]) -> str:
     m, v = payload["machine"], payload["versions"]
     lines += [
         "",
-        f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}.",
+        f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}"
+        + "".join(f", {gpu}" for gpu in m.get("cuda_devices", []))
+        + ".",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         f"Wall time: {payload['wall_s']:.1f} s.",
         "",

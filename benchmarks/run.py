@@ -112,6 +112,9 @@ def main() -> None:
         "--workers", type=int, default=1, help="inputs of a cell attacked at once (processes)"
     )
     parser.add_argument(
+        "--device", default="cpu", help="where the cells compute: cpu, cuda, cuda:N, mps"
+    )
+    parser.add_argument(
         "--batches",
         type=int,
         help="inputs (batches) per cell (default: 20; the defense suites: their DEFAULT_SIZE)",
@@ -159,7 +162,7 @@ def main() -> None:
             if steps:
                 cells = [(name, with_steps(fields, steps)) for name, fields in cells]
             report = args.report or args.utility_only
-            run_suite(out, suite, cells, args.only, report, args.limit, args.workers)
+            run_suite(out, suite, cells, args.only, report, args.limit, args.workers, args.device)
             fine_tune = args.only is None and args.limit is None and not args.skip_utility
             if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
