@@ -74,13 +74,13 @@ def test_the_cli_and_gradleak_run_give_identical_records(tmp_path):
 
 def test_a_config_with_options_over_it(tmp_path):
     config = config_from_options(
-        {"model": "tiny-bert", "attack": "dager", "mode": "eval", "encoder_beam": 4}
+        {"model": "tiny-bert", "attack": "dager", "mode": "eval", "encoder_starts": 4}
     )
     out = tmp_path / "run.json"
     record = gradleak.run(config, batch_size=2, out=out, progress=False)
     assert record.config.scenario.data.batch_size == 2
     assert record.config.scenario.protocol.mode == "eval"
-    assert record.config.attack.encoder_beam == 4
+    assert record.config.attack.encoder_starts == 4
     assert gradleak.load_record(out).to_json() == record.to_json()
     # another attack drops the config's attack settings; its own options apply
     tag = gradleak.run(config.model_dump(mode="json"), attack="tag", steps=2, progress=False)
@@ -105,7 +105,7 @@ def test_run_leaves_torch_global_state_alone_and_sets_threads_only_when_asked():
         ({"model": "no-such-model"}, gradleak.GradleakError, "packaged models: minilm, smollm2"),
         ({"modle": "minilm"}, gradleak.OptionError, "'modle': did you mean 'mode' or 'model'?"),
         ({"ouput": "x.json"}, gradleak.OptionError, "did you mean 'out'"),
-        ({"encoder_beam": 4}, gradleak.OptionError, "--encoder-beam is an option of dager"),
+        ({"encoder_starts": 4}, gradleak.OptionError, "--encoder-starts is an option of dager"),
         ({"threads": 0}, gradleak.OptionError, "threads must be at least 1"),
     ],
 )
@@ -329,8 +329,8 @@ def test_bad_client_input_is_an_error_and_changes_nothing():
     with pytest.raises(gradleak.GradleakError, match="combines several clients"):
         gradleak.client_update(model, tokenizer, TEXTS, defenses="secagg:clients=2")
     update = gradleak.client_update(model, tokenizer, TEXTS)
-    with pytest.raises(gradleak.OptionError, match="did you mean 'encoder_beam'"):
-        gradleak.invert(update, model, tokenizer, encoder_bem=4)
+    with pytest.raises(gradleak.OptionError, match="did you mean 'encoder_starts'"):
+        gradleak.invert(update, model, tokenizer, encoder_stars=4)
     with pytest.raises(gradleak.OptionError, match="'batch_size' is a scenario option"):
         gradleak.invert(update, model, tokenizer, "tag", batch_size=4)
     assert_unchanged(model, before)

@@ -173,7 +173,7 @@ def test_resume_refuses_a_partial_run_of_another_config(tmp_path):
         (["--n-inputs", "0"], "n-inputs"),
         (["--workers", "0"], "workers must be at least 1"),
         (["--protocol", "fedprox"], "invalid --protocol"),
-        (["--encoder-beam", "4"], "--encoder-beam is an option of dager, not of tag"),
+        (["--encoder-starts", "4"], "--encoder-starts is an option of dager, not of tag"),
         (["--attack", "dager", "--steps", "3"], "--steps is an option of dlg, tag, lamp-cos"),
         (["--defense", "noise"], "sigma"),
         (["--defense", "noise:sigma"], "bad --defense parameter 'sigma'"),

@@ -103,7 +103,10 @@ def test_every_settings_field_is_an_option_with_help():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"attack": "tag", "encoder_beam": 4}, "--encoder-beam is an option of dager, not of tag"),
+        (
+            {"attack": "tag", "encoder_starts": 4},
+            "--encoder-starts is an option of dager, not of tag",
+        ),
         ({"attack": "dager", "prior": "none"}, "--prior is an option of dlg, tag, lamp-cos"),
         ({"stepz": 3}, "unknown option --stepz: did you mean --steps?"),
         ({"attack": "lamp"}, "unknown attack 'lamp'"),
@@ -139,6 +142,16 @@ def test_a_record_of_the_earlier_flat_config_still_loads():
     assert record.timing.update_s == 0.0  # not measured then
     # a resumed run compares identities: the old config's is the same run's
     assert RunConfig.identity_of(old["config"]) == record.config.identity()
+
+
+def test_a_stored_config_naming_a_retired_option_loads_and_a_new_one_is_refused():
+    stored = config_from_options({"attack": "dager"}).model_dump(mode="json")
+    stored["attack"]["encoder_beam"] = 32  # the encoder beam search's width, since retired
+    loaded = RunConfig.model_validate(stored, context={"stored": True})
+    assert loaded == config_from_options({"attack": "dager"})
+    assert RunConfig.identity_of(stored) == loaded.identity()
+    with pytest.raises(GradleakError, match="encoder_beam: Extra inputs are not permitted"):
+        RunConfig.model_validate(stored)
 
 
 def test_identity_leaves_out_the_data_folder_only():

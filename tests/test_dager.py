@@ -255,7 +255,8 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "max_length": 128,
         "max_beam": 2048,
         "max_combinations": 100_000,
-        "encoder_beam": 32,
+        "encoder_starts": 64,
+        "encoder_sweeps": 8,
         "chunk": 256,
         "max_sequences": 200_000,
         "dropout_check": "auto",
@@ -316,18 +317,69 @@ def test_cached_decoder_search_finds_what_the_full_prefix_search_finds(tiny_vict
     assert sorted(cached_result.token_ids) == sorted(full_result.token_ids)
 
 
-def test_encoder_beam_recovers_sentences_that_share_words(tiny_victim):
+def test_encoder_descent_recovers_sentences_that_share_words(tiny_victim):
     """Three sentences with words in common at the same positions: every position offers
-    each sentence's token, and only the layer-2 ranked beam pairs them up."""
+    each sentence's token, and only layer 2, with the rest of the sentence in place, pairs
+    them up. Two of the three share the first word, and a length: the search goes on from
+    the other starts until the batch is complete."""
     examples = [
         Example("the cat sat on the mat", label=1),
         Example("the dog sat on a log", label=0),
         Example("a cat ran to the door", label=1),
     ]
-    settings = DagerSettings(encoder_beam=8)
-    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples, settings)
+    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples)
     assert decoded == sorted(e.text for e in examples)
-    assert result.info["capped"]  # 96 combinations: the beam of 8 dropped some on the way
+    assert not result.info["capped"]
+
+
+def test_encoder_recovers_two_long_sentences_exactly(tiny_victim):
+    """Two sentences of 25 and 26 tokens that repeat words at other positions: layer 1 then
+    lets 13 tokens through at most positions (the span holds the differences of their
+    positions' embeddings), and only the descent, checked by layer 2, puts them in order.
+    The beam search that came before returned neither."""
+    examples = [
+        Example(
+            "the old man and the young boy walked to the house on the hill by the lake in the "
+            "morning of the day",
+            label=1,
+        ),
+        Example(
+            "a small dog in the garden ran after the red ball and the cat at the back door of "
+            "the house on the hill",
+            label=0,
+        ),
+    ]
+    victim = tiny_victim("tiny-bert")
+    assert [len(victim.tokenizer(e.text)["input_ids"]) for e in examples] == [25, 26]
+    decoded, result = attack(victim, Protocol(mode="eval"), examples)
+    assert decoded == sorted(e.text for e in examples)
+    counts = result.info["notes"][1].split("[")[1].rstrip("]").split(",")
+    assert max(int(n) for n in counts) >= 10
+
+
+def test_encoder_separates_sentences_of_one_length_that_share_most_words(tiny_victim):
+    """Same length, same first word, the same words in another order: once one is found, a
+    start that differs from it at the next position is filled away from it."""
+    examples = [
+        Example("the man saw the dog and the cat in the house by the road on the hill today", 1),
+        Example("the dog saw the man and the cat on the road by the house in the hill today", 0),
+    ]
+    decoded, _ = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples)
+    assert decoded == sorted(e.text for e in examples)
+
+
+def test_encoder_start_budget_caps_the_search_and_says_so(tiny_victim):
+    """One start per length cannot reach a sentence whose first token ranks behind another
+    sentence's: the record says the search was capped."""
+    examples = [
+        Example("the cat sat on the mat", label=1),
+        Example("the dog sat on a log", label=0),
+        Example("a cat ran to the door", label=1),
+    ]
+    settings = DagerSettings(encoder_starts=1)
+    _, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples, settings)
+    assert result.info["capped"]
+    assert any("starts tried (budget)" in note for note in result.info["notes"])
 
 
 def test_weight_delta_rank_stops_at_the_float32_rounding_floor():

@@ -304,7 +304,7 @@ def invert(
     carries both, as a run's server knows them by default; one captured elsewhere carries
     none), False nothing, or one value per sample (lengths count the tokenizer's own tokens).
     ``attack_settings``: the attack's options by their ``gradleak attack`` names
-    (``encoder_beam=8``, ``steps=500``, ``attack_lr=0.01``). ``seed``: the attack's random
+    (``encoder_starts=8``, ``steps=500``, ``attack_lr=0.01``). ``seed``: the attack's random
     draws, as in the first input of ``run(..., seed=seed)``.
     """
     settings = _attack_settings(attack, attack_settings)

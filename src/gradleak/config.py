@@ -25,6 +25,10 @@ from gradleak.attacks.base import AttackSettings
 from gradleak.defenses import DEFENSES, DefenseSettings, parse_defenses
 from gradleak.federated.protocol import Protocol
 
+# Options of an attack that a release retired: a stored record naming one still loads.
+# dager's encoder_beam went with the encoder's beam search (now a descent per start).
+RETIRED_OPTIONS: dict[str, tuple[str, ...]] = {"dager": ("encoder_beam",)}
+
 
 class DataConfig(BaseModel):
     """Which private texts the clients hold and how they are batched."""
@@ -147,15 +151,20 @@ class RunConfig(BaseModel):
 
     @field_validator("attack", mode="before")
     @classmethod
-    def _attack_settings(cls, value: Any) -> Any:
-        """The attack's own settings model, chosen by its ``name``."""
+    def _attack_settings(cls, value: Any, info: ValidationInfo) -> Any:
+        """The attack's own settings model, chosen by its ``name``. A stored config (context
+        ``stored``) may name options since retired; they are dropped, so old records load."""
         if isinstance(value, AttackSettings):
             return value
         if isinstance(value, str):
             return ATTACKS.settings(value)
         if isinstance(value, dict):
             fields = dict(value)
-            return ATTACKS.settings(fields.pop("name", "tag"), **fields)
+            name = fields.pop("name", "tag")
+            if (info.context or {}).get("stored"):
+                for retired in RETIRED_OPTIONS.get(name, ()):
+                    fields.pop(retired, None)
+            return ATTACKS.settings(name, **fields)
         return value
 
     @model_validator(mode="before")
@@ -175,7 +184,7 @@ class RunConfig(BaseModel):
     @staticmethod
     def identity_of(stored: dict[str, Any]) -> dict[str, Any]:
         """The identity of a config as a record stores it (either shape)."""
-        return RunConfig.model_validate(stored).identity()
+        return RunConfig.model_validate(stored, context={"stored": True}).identity()
 
 
 def legacy_config(old: dict[str, Any]) -> dict[str, Any]:

@@ -175,7 +175,7 @@ class Record(BaseModel):
         missing = _missing_plugins(data)
         if missing:
             raise GradleakError(f"{path}: {missing}")
-        return cls.model_validate(data)
+        return cls.model_validate(data, context={"stored": True})
 
     def to_frame(self) -> pandas.DataFrame:
         """A pandas DataFrame with one row per sample (client update): its texts, exactness,

@@ -6,9 +6,9 @@
    (``tokens.py``).
 3. Sequence recovery: decoders extend prefixes token by token and keep a prefix only if its
    last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix
-   only, ``decoder.py``); encoders fill each sentence length left to right with a beam ranked
-   by layer 2 and keep the sentences whose layer-2 inputs all lie in the span
-   (``encoder.py``).
+   only, ``decoder.py``); encoders fill each sentence length by coordinate descent on layer
+   2's distances from each possible first token and keep the sentences whose layer-2 inputs
+   all lie in the span (``encoder.py``).
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
 local steps' gradients, and the scale does not matter for a span. LoRA updates are checked in

@@ -30,8 +30,13 @@ class DagerSettings(AttackSettings):
     )
     max_length: int = Field(128, ge=2, description="longest sequence searched, in tokens")
     max_beam: int = Field(2048, ge=1, description="decoder prefixes kept per position")
-    max_combinations: int = Field(100_000, ge=1, description="encoder sentences tried per length")
-    encoder_beam: int = Field(32, ge=1, description="encoder partial sentences kept per position")
+    max_combinations: int = Field(
+        100_000, ge=1, description="encoder sentences scored per length (its search budget)"
+    )
+    encoder_starts: int = Field(
+        64, ge=1, description="encoder first tokens tried per length, each a descent"
+    )
+    encoder_sweeps: int = Field(8, ge=1, description="encoder sweeps over a sentence per start")
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget in candidate sequences"
