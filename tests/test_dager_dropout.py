@@ -7,6 +7,8 @@ import torch
 from test_dager import attack
 
 from gradleak.attacks.dager import DagerSettings, span_basis
+from gradleak.attacks.dager.check import LayerCheck, SpanCheck
+from gradleak.attacks.dager.tokens import _passing
 from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
 
@@ -45,3 +47,30 @@ def test_eval_mode_client_keeps_the_plain_check(tiny_victim):
     assert decoded == ["the cat sat on the mat"]
     assert not any("robust" in note for note in result.info["notes"])
     assert any(note.startswith("layer-1 tokens per position") for note in result.info["notes"])
+
+
+def test_robust_check_refits_the_tokenizer_markers_however_far_their_plain_distance():
+    """A masked input whose dropped coordinate was its largest: the plain distance ranks it
+    behind every random row, yet 63 of its 64 coordinates fit. A marker ([CLS] at position
+    0) is refitted anyway; an ordinary token that far is not."""
+    torch.manual_seed(0)
+    inputs = torch.randn(6, 64)
+    inputs[0, 0] = 60.0  # the marker's outlying coordinate, which the client's mask drops
+    seen = inputs.clone()
+    seen[0, 0] = 0.0
+    check = LayerCheck([SpanCheck(span_basis([torch.randn(6, 96).T @ seen], hidden_size=64))])
+    vocabulary = torch.cat([inputs[:1], torch.randn(300, 64)])  # the marker is row 0
+    settings = DagerSettings(shortlist=8)
+    assert 0 not in _passing(vocabulary, check, settings, dropout=0.1)
+    assert 0 in _passing(vocabulary, check, settings, dropout=0.1, markers=[0])
+    assert _passing(vocabulary, check, settings, dropout=0.1, markers=[0]) == [0]
+
+
+def test_train_mode_batch_of_two_keeps_one_sentence_through_dropout(tiny_victim):
+    """Dropout leaves layer 2 a ranking, not a test. The descent still reads the short
+    sentence exactly (the beam that came before read neither); the long one takes two of the
+    other's tokens at its positions 2 and 3, which its dropout-noised distances rank first."""
+    examples = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
+    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="train"), examples)
+    assert "a dog ran home" in decoded
+    assert any("robust" in note for note in result.info["notes"])
