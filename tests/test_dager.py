@@ -18,6 +18,7 @@ from gradleak.attacks.dager import (
 from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
+from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -442,3 +443,33 @@ def test_gaussian_noise_on_the_update_is_cut_adaptively(tiny_victim, relative):
     assert decode(victim, result) == ["a dog ran home", "the cat sat on the mat"]
     refusal = DagerAttack(DagerSettings(rank_tol=1e-9)).check(update, knowledge)
     assert isinstance(refusal, Refusal) and "layer 1's update has full rank" in refusal.reason
+
+
+def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
+    """A server that knows the lengths spends no start on a separator position that ends no
+    sentence (repeated words let [SEP] through layer 1 at other positions too)."""
+    examples = [
+        Example("the cat sat on the mat and the dog sat on the rug", label=1),
+        Example("a dog ran home to the cat", label=0),
+    ]
+    victim = tiny_victim("tiny-bert")
+    searched = []
+    original = EncoderSearch._length
+
+    def spy(self, options, context, wanted, started=()):
+        searched.append((context.shape[0], wanted))
+        return original(self, options, context, wanted, started)
+
+    monkeypatch.setattr(EncoderSearch, "_length", spy)
+    lengths = sorted(len(victim.tokenizer(e.text)["input_ids"]) for e in examples)
+    update, _ = client_round(victim, Protocol(mode="eval"), examples)
+    batch = encode(victim, examples)
+    gm = GlobalModel.build(victim, Protocol(mode="eval"))
+    knowledge = server_knowledge(gm, batch, known_lengths=True)
+    result = DagerAttack().reconstruct(update, knowledge, seed=0)
+    assert decode(victim, result) == sorted(e.text for e in examples)
+    assert sorted(length for length, _ in searched) == lengths
+    assert all(wanted == 1 for _, wanted in searched)
+    searched.clear()
+    decoded, _ = attack(victim, Protocol(mode="eval"), examples)  # lengths unknown
+    assert len(searched) > len(lengths)

@@ -101,7 +101,9 @@ class DagerAttack(Attack[DagerSettings]):
                 sentences = pick_batch(found, knowledge.batch_size)
             else:
                 search = EncoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
-                sentences = search.run(candidates, knowledge.tokenizer, knowledge.batch_size)
+                sentences = search.run(
+                    candidates, knowledge.tokenizer, knowledge.batch_size, knowledge.lengths
+                )
         if gm.task == "causal_lm" and not knowledge.raw_tokens:  # a chunk ends where it is cut
             # The EOS that ends every next-token example predicts nothing, so its position
             # gets no gradient and no span shows it; the task's format is public: append it.

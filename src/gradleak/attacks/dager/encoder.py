@@ -71,19 +71,30 @@ class EncoderSearch(SentenceSearch):
     """The per-length descent over one update's token candidates."""
 
     def run(
-        self, candidates: list[list[int]], tokenizer, batch_size: int
+        self,
+        candidates: list[list[int]],
+        tokenizer,
+        batch_size: int,
+        lengths: Sequence[int] | None = None,
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (see ``sentences`` and ``pick``)."""
-        return self.pick(self.sentences(candidates, tokenizer, batch_size), batch_size)
+        found = self.sentences(candidates, tokenizer, batch_size, lengths)
+        return self.pick(found, batch_size)
 
     def sentences(
-        self, candidates: list[list[int]], tokenizer, batch_size: int = 1
+        self,
+        candidates: list[list[int]],
+        tokenizer,
+        batch_size: int = 1,
+        lengths: Sequence[int] | None = None,
     ) -> list[Candidate]:
         """Every sentence length ending in a separator, searched from each of its starts.
 
         A length's search stops at its first sentence that passes layer 2 when the
         separator's positions are at least as many as the batch's sentences (then each
-        length holds one); otherwise every start is tried until the batch is complete."""
+        length holds one); otherwise every start is tried until the batch is complete. A
+        server that knows the sentences' ``lengths`` (special tokens included) searches only
+        those, each for as many sentences as have it."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
         inner = [[t for t in options if t not in specials] for options in candidates]
@@ -95,13 +106,18 @@ class EncoderSearch(SentenceSearch):
             for end, tokens in enumerate(candidates)
             if end >= 2 and sep in tokens and all(inner[1:end])
         ]
+        if lengths is not None:
+            ends = [end for end in ends if end + 1 in lengths]
         one_each = len(ends) >= batch_size
         found: list[Candidate] = []
         passed = 0
         started: set[int] = set()  # first tokens of the sentences found so far
         for end in ends:
             context = torch.stack([table[cls], *fillers[1:end], table[sep]])
-            wanted = 1 if one_each else batch_size - passed
+            if lengths is not None:
+                wanted = list(lengths).count(end + 1)
+            else:
+                wanted = 1 if one_each else batch_size - passed
             for ids, distances in self._length(inner[1:end], context, wanted, started):
                 found.append(Candidate([cls, *ids, sep], distances))
                 if self._passes(distances):
