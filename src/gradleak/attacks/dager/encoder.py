@@ -70,6 +70,11 @@ class _Descent:
 class EncoderSearch(SentenceSearch):
     """The per-length descent over one update's token candidates."""
 
+    @property
+    def table(self) -> torch.Tensor:
+        """The attacker's token-embedding table (what every trial sentence is built from)."""
+        return self.adapter.token_embedding(self.hf).weight.detach()
+
     def run(
         self,
         candidates: list[list[int]],
@@ -98,7 +103,7 @@ class EncoderSearch(SentenceSearch):
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
         inner = [[t for t in options if t not in specials] for options in candidates]
-        table = self.adapter.token_embedding(self.hf).weight.detach()
+        table = self.table
         fillers = [table[options].mean(dim=0) if options else table[sep] for options in inner]
         # A sentence needs one token between [CLS] and [SEP], each position a candidate.
         ends = [
@@ -139,7 +144,7 @@ class EncoderSearch(SentenceSearch):
         sentence of another length, ``started``, last). A start whose
         descent passes may be shared by another sentence of this length: its prefix extended
         by each other candidate of the next position joins the queue."""
-        table = self.adapter.token_embedding(self.hf).weight.detach()
+        table = self.table
         length = context.shape[0]
         per_pass = sum(len(o) for o in options)
         budget = self.settings.max_combinations
@@ -179,7 +184,7 @@ class EncoderSearch(SentenceSearch):
     def _starts(self, firsts: list[int], context: torch.Tensor) -> list[int]:
         """The first inner position's candidates, nearest to the span first (each alone in
         the filler context)."""
-        table = self.adapter.token_embedding(self.hf).weight.detach()
+        table = self.table
         trials = context.expand(len(firsts), -1, -1).clone()
         trials[:, 1] = table[firsts]
         order = torch.argsort(self._distances(trials)[:, 1], stable=True)
