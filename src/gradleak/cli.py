@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from gradleak import api
+from gradleak import api, cli_experiments
 from gradleak.attacks import ATTACKS
+from gradleak.cli_console import console, err_console, fail
 from gradleak.cli_options import attack_command_parameters, utility_command_parameters
 from gradleak.data import DATASETS, dataset_status
 from gradleak.defenses import DEFENSES
@@ -36,14 +36,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Measure how much private text leaks from federated fine-tuning updates.",
 )
-console = Console()
-err_console = Console(stderr=True)
-
-
-def fail(message: str) -> typer.Exit:
-    """Print a one-line error and return the exit to raise (code 2, no traceback)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
 
 
 def print_record(record: Record) -> None:
@@ -181,6 +173,8 @@ def utility(**options: Any) -> None:
 
 utility_command_parameters(utility)
 app.command()(utility)
+app.command("run")(cli_experiments.run)
+app.command()(cli_experiments.export)
 
 
 @app.command()

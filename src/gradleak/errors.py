@@ -12,7 +12,13 @@ class GradleakError(Exception):
 
 
 class OptionError(GradleakError):
-    """An unknown option or setting name, or an invalid value for one."""
+    """An unknown option or setting name, or an invalid value for one. ``option`` is the
+    option's key (``batch_size``) when the problem is one option's, so that a configuration
+    file can point at the line that set it."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class UpdateMismatchError(GradleakError):

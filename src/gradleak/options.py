@@ -229,14 +229,14 @@ def config_from_options(values: Mapping[str, Any]) -> RunConfig:
     for raw, value in values.items():
         key = raw.lstrip("-").replace("-", "_")
         if key not in table:
-            raise OptionError(_unknown(raw, table))
+            raise OptionError(_unknown(raw, table), option=key)
         if value is not None:
             given[key] = value
     attack = str(given.get("attack", DEFAULT_ATTACK))
     try:
         ATTACKS[attack]
     except GradleakError as exc:  # unknown, or a plugin that failed to load: says which
-        raise OptionError(str(exc)) from None
+        raise OptionError(str(exc), option="attack") from None
     nested: dict[str, Any] = {}
     for key, value in given.items():
         option = table[key]
@@ -244,7 +244,8 @@ def config_from_options(values: Mapping[str, Any]) -> RunConfig:
             owners = ", ".join(option.attacks)
             raise OptionError(
                 f"{option.flag} is an option of {owners}, not of {attack}: drop it or choose "
-                f"one of those attacks"
+                f"one of those attacks",
+                option=key,
             )
         _set(nested, option.path, value)
     _check_enabled(given, table)
@@ -252,11 +253,11 @@ def config_from_options(values: Mapping[str, Any]) -> RunConfig:
     try:
         nested["attack"] = ATTACKS[attack].settings(**attack_fields)
     except ValidationError as exc:
-        raise OptionError(_option_error(exc, table, ("attack",))) from None
+        raise _option_error(exc, table, ("attack",)) from None
     try:
         return RunConfig.model_validate(nested)
     except ValidationError as exc:
-        raise OptionError(_option_error(exc, table)) from None
+        raise _option_error(exc, table) from None
 
 
 def options_of(config: RunConfig) -> dict[str, Any]:
@@ -281,7 +282,7 @@ def _check_enabled(given: dict[str, Any], table: dict[str, Option]) -> None:
         parent = table[key].path[:-1]
         enabler = next((o for o in table.values() if o.enables and o.path[:-1] == parent), None)
         if enabler is not None and enabler.key not in given:
-            raise OptionError(f"{table[key].flag} needs {enabler.flag}")
+            raise OptionError(f"{table[key].flag} needs {enabler.flag}", option=key)
 
 
 def _set(target: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -314,13 +315,14 @@ def unknown_name(name: str, valid: Iterable[str], what: str = "option") -> str:
 
 def _option_error(
     exc: ValidationError, table: dict[str, Option], prefix: tuple[str, ...] = ()
-) -> str:
+) -> OptionError:
     """Pydantic's first complaint, naming the option rather than the config path."""
     first = exc.errors()[0]
     path = prefix + tuple(str(p) for p in first["loc"])
-    by_path = {o.path: o.flag for o in table.values()}
+    by_path = {o.path: o for o in table.values()}
     where = next((by_path[path[:n]] for n in range(len(path), 0, -1) if path[:n] in by_path), None)
-    return f"invalid {where or '.'.join(path)}: {first['msg']}"
+    name = where.flag if where else ".".join(path)
+    return OptionError(f"invalid {name}: {first['msg']}", option=where.key if where else None)
 
 
 def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilitySettings]:
@@ -336,6 +338,6 @@ def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilityS
     try:
         utility = UtilitySettings(**settings)
     except ValidationError as exc:
-        raise OptionError(_option_error(exc, fine_tuning, ("utility",))) from None
+        raise _option_error(exc, fine_tuning, ("utility",)) from None
     config = config_from_options({k: v for k, v in given.items() if k not in fine_tuning})
     return config, utility

@@ -22,7 +22,7 @@ from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
 from gradleak.recipe import Prepared, attack_input, describe_scenario, prepare
 from gradleak.record import Provenance, Record
-from gradleak.store import ResultStore
+from gradleak.store import Results, ResultStore
 
 # Called after every finished input: (inputs done, inputs wanted, the stored sample).
 Progress = Callable[[int, int, dict[str, Any]], None]
@@ -35,6 +35,7 @@ def run(
     limit: int | None = None,
     workers: int = 1,
     device: torch.device | str = "cpu",
+    store: Results | None = None,
 ) -> Record:
     """Run ``config`` and return its record (also written to ``out`` when given).
 
@@ -46,14 +47,18 @@ def run(
     torch threads between them (see :func:`attack_in_workers`).
 
     ``device`` is where the model, the clients' rounds and the attack compute (``cpu``,
-    ``cuda``, ``cuda:N``, ``mps``); a part-way run resumes only on the device it began on."""
+    ``cuda``, ``cuda:N``, ``mps``); a part-way run resumes only on the device it began on.
+
+    ``store`` keeps the finished inputs and the record somewhere else than ``out``'s files
+    (an experiment's database); it replaces ``out``."""
     if limit is not None and limit < 1:
         raise GradleakError(f"limit must be at least 1 input, got {limit}")
     if workers < 1:
         raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
     total_start = time.perf_counter()
     device = resolve_device(device)
-    store = ResultStore(out, config.identity(), str(device))
+    if store is None:
+        store = ResultStore(out, config.identity(), str(device))
     finished = store.load_finished()
     prepared = prepare(config, device)
     store.start()

@@ -10,13 +10,35 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
 
 
+class Results(Protocol):
+    """Where a run keeps its finished inputs and, once all are done, its record."""
+
+    def load_finished(self) -> dict[int, dict[str, Any]]:
+        """Inputs finished by an earlier run of the same config, by index."""
+        ...
+
+    def start(self) -> None:
+        """Called once before the first input is attacked."""
+        ...
+
+    def append(self, sample: dict[str, Any]) -> None:
+        """Keep one finished input at once (a crash after this loses nothing of it)."""
+        ...
+
+    def finish(self, record: dict[str, Any]) -> None:
+        """Keep the record of a run whose inputs are all done."""
+        ...
+
+
 class ResultStore:
+    """A run's results as JSON files beside ``out`` (see the module's docstring)."""
+
     def __init__(
         self, out: str | Path | None, identity: dict[str, Any], device: str = "cpu"
     ) -> None:

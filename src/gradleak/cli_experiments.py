@@ -1,0 +1,169 @@
+"""``gradleak run EXPERIMENT.yaml`` and ``gradleak export``: a declared grid of runs into one
+results database, and any cell of it back out as a single run's JSON record."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from gradleak.cli_console import console, err_console, fail
+from gradleak.errors import GradleakError
+from gradleak.experiments import ExperimentDatabase, load_experiment, plan, run_experiment
+from gradleak.experiments.estimate import duration
+from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
+from gradleak.global_state import kept_global_state
+
+
+def run(
+    experiment: Annotated[Path, typer.Argument(help="the experiment file (YAML)")],
+    out: Annotated[
+        Path | None, typer.Option(help="results folder (default: runs/NAME); resumes there")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list the cells and their cost; run nothing")
+    ] = False,
+    workers: Annotated[int, typer.Option(help="inputs attacked at once, in processes")] = 1,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps")] = "cpu",
+    limit: Annotated[
+        int | None, typer.Option(help="run at most the first N inputs of each cell")
+    ] = None,
+    data_dir: Annotated[
+        str | None, typer.Option(help="data folder of cells that set none (else env)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Run a declared experiment: the grid of its fixed settings and axes, each finished
+    input kept in one SQLite database (re-running resumes)."""
+    try:
+        loaded = load_experiment(experiment, data_dir)
+        if dry_run:
+            show_plan(loaded, out)
+            return
+        with kept_global_state(threads), grid_progress(loaded.name) as progress:
+            result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
+                                    progress=progress)  # fmt: skip
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    show_result(loaded, result)
+    if result.errors:
+        raise fail(f"{len(result.errors)} of {len(loaded.cells)} cells failed (see above)")
+
+
+def show_plan(experiment: Experiment, out: Path | None) -> None:
+    """The cells, what the results folder holds of each, and the rest's estimated cost."""
+    folder = out or experiment.default_out()
+    planned = plan(experiment, folder)
+    table = Table(title=f"{experiment.name}: {len(experiment.cells)} cells -> {folder}")
+    for column in ("cell", "attack", "model", "dataset", "B", "inputs done", "estimate"):
+        table.add_column(column, justify="right" if column in ("B", "inputs done") else "left")
+    for cell, status, estimate in planned.cells:
+        scenario = cell.config.scenario
+        done = 0 if status is None else status.done
+        cost = duration(estimate.seconds) + ("" if estimate.measured else " ~")
+        table.add_row(cell.name, cell.config.attack.name, scenario.model, scenario.data.dataset,
+                      str(scenario.data.batch_size), f"{done}/{scenario.data.n_inputs}",
+                      cost)  # fmt: skip
+    console.print(table)
+    dropped = sorted({f"{key} ({c.config.attack.name})" for c in experiment.cells
+                      for key in c.dropped})  # fmt: skip
+    if dropped:
+        console.print(f"not used by the attack of some cells: {', '.join(dropped)}")
+    console.print(
+        f"{planned.remaining_inputs} inputs to run, about {duration(planned.seconds)} on one "
+        "CPU core (~: the attack's measured cost on a 2-core CPU, scaled; without ~: this "
+        "cell's finished inputs). Nothing was run."
+    )
+
+
+@contextlib.contextmanager
+def grid_progress(name: str) -> Iterator[GridProgress]:
+    """Two bars on stderr: the grid's cells and its inputs (with the ETA)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=True) as bars:
+        cells = bars.add_task(f"{name}: cells", total=None)
+        inputs = bars.add_task("inputs", total=None)
+
+        def advance(index: int, count: int, done: int, total: int, cell: str) -> None:
+            bars.update(cells, completed=index, total=count)
+            bars.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
+
+        yield advance
+
+
+def show_result(experiment: Experiment, result: ExperimentRun) -> None:
+    """Each cell's scores, or why it failed."""
+    table = Table(title=f"{experiment.name} -> {result.folder}")
+    for column in ("cell", "inputs", "R-1", "R-2", "exact %", "s/input"):
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for cell in experiment.cells:
+        if cell.name in result.errors:
+            table.add_row(cell.name, "", f"[red]{result.errors[cell.name]}[/]", "", "", "")
+            continue
+        record = result.records.get(cell.name)
+        if record is None:
+            table.add_row(cell.name, "part-way", "", "", "", "")
+            continue
+        strict = record.metrics.strict
+        seconds = record.timing.attack_s / max(1, len(record.samples))
+        scores = (
+            ("-", "-", "-")
+            if strict is None
+            else (f"{strict.rouge1:.1f}", f"{strict.rouge2:.1f}", f"{strict.exact_match:.1f}")
+        )
+        table.add_row(cell.name, str(len(record.samples)), *scores, f"{seconds:.1f}")
+    console.print(table)
+    console.print(
+        f"time: {duration(result.seconds)}; results in {result.folder / 'results.sqlite'}"
+    )
+
+
+def export(
+    results: Annotated[Path, typer.Argument(help="a results folder `gradleak run` wrote")],
+    cell: Annotated[
+        str | None, typer.Argument(help="the cell's name (omit: list the cells)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write the record here (else stdout)")] = None,
+) -> None:
+    """A cell's record as `gradleak attack --out` writes it, or the list of cells."""
+    try:
+        with ExperimentDatabase(results, create=False) as database:
+            if cell is None:
+                show_cells(database)
+                return
+            record = database.record(cell)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    if record is None:
+        raise fail(f"cell {cell} is part-way: run the experiment again to finish it")
+    text = json.dumps(record.to_json(), indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text, encoding="utf-8")
+    err_console.print(f"record written to {out}")
+
+
+def show_cells(database: ExperimentDatabase) -> None:
+    """The cells a results database holds and how far each got."""
+    table = Table(title=f"cells in {database.folder}")
+    for column in ("cell", "inputs done", "failed", "finished"):
+        table.add_column(column)
+    for status in database.statuses():
+        finished = "yes" if status.finished else "no"
+        table.add_row(status.name, f"{status.done}/{status.wanted}", str(status.failed), finished)
+    console.print(table)

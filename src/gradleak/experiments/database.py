@@ -1,0 +1,228 @@
+"""An experiment's results in one SQLite file: a row per finished input, committed as it
+finishes, and each cell's record once all its inputs are done.
+
+The file is opened in WAL mode with a generous busy timeout, and every write is one short
+transaction, so a run killed at any moment loses at most the input in flight, and two
+processes running the same experiment (or one running while a report reads) do not corrupt
+it: an input both happen to finish is stored once (the first to commit wins; the same seed
+gives the same result). Cells are keyed by their config's identity, as single runs' records
+are, so a cell keeps its results when the file that declares it is edited around it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradleak.errors import GradleakError
+from gradleak.experiments.grid import Cell
+from gradleak.record import Record
+
+FILE_NAME = "results.sqlite"
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cells (
+    key TEXT PRIMARY KEY,          -- sha256 of the identity
+    name TEXT NOT NULL,
+    identity TEXT NOT NULL,        -- the config's identity, canonical JSON
+    config TEXT NOT NULL,          -- the config as run (its data folder included)
+    labels TEXT NOT NULL,          -- the axis values that name the cell, JSON
+    wanted INTEGER NOT NULL,       -- inputs the cell attacks
+    device TEXT NOT NULL,
+    started REAL NOT NULL,
+    finished REAL,
+    record TEXT                    -- the finished record, JSON (NULL while part-way)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    cell TEXT NOT NULL REFERENCES cells(key),
+    idx INTEGER NOT NULL,
+    sample TEXT NOT NULL,          -- the stored sample, JSON
+    written REAL NOT NULL,
+    PRIMARY KEY (cell, idx)
+);
+"""
+
+
+@dataclass(frozen=True)
+class CellStatus:
+    """What the database holds of one cell."""
+
+    key: str
+    name: str
+    labels: dict[str, Any]
+    wanted: int
+    done: int
+    failed: int
+    attack_s: float  # summed over its finished inputs
+    device: str
+    finished: bool
+
+
+class ExperimentDatabase:
+    """The results of one experiment, in ``folder/results.sqlite``."""
+
+    def __init__(self, folder: str | Path, create: bool = True) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / FILE_NAME
+        if not self.path.exists() and not create:
+            raise GradleakError(
+                f"{self.folder} holds no experiment results ({FILE_NAME}): give the folder a "
+                "`gradleak run` wrote (its --out)"
+            )
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self._connection.execute("PRAGMA journal_mode=WAL")
+        self._connection.execute("PRAGMA synchronous=NORMAL")
+        self._connection.execute("PRAGMA busy_timeout=60000")
+        with self._write() as db:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        version = self.meta("schema")
+        if version != str(SCHEMA_VERSION):
+            raise GradleakError(
+                f"{self.path} was written by another gradleak (results schema {version}, this "
+                f"one reads {SCHEMA_VERSION}): use that version or a new --out"
+            )
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> ExperimentDatabase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (``BEGIN IMMEDIATE``) so that two writers
+        queue instead of failing on a lock upgrade."""
+        db = self._connection
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # --- the experiment ----------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        row = self._connection.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    # --- cells ---------------------------------------------------------------------------
+
+    def cell_results(self, cell: Cell, device: str) -> CellResults:
+        """The store a run of ``cell`` on ``device`` reads and writes (``runner.run``'s)."""
+        return CellResults(self, cell, device)
+
+    def statuses(self) -> list[CellStatus]:
+        """Every cell the database has seen, in the order they were first run."""
+        rows = self._connection.execute(
+            """SELECT c.key, c.name, c.labels, c.wanted, c.device, c.record IS NOT NULL,
+                      COUNT(s.idx),
+                      COALESCE(SUM(json_extract(s.sample, '$.error') IS NOT NULL), 0),
+                      COALESCE(SUM(json_extract(s.sample, '$.attack_s')), 0.0)
+               FROM cells c LEFT JOIN samples s ON s.cell = c.key
+               GROUP BY c.key ORDER BY c.started, c.rowid"""
+        ).fetchall()
+        return [
+            CellStatus(key, name, json.loads(labels), wanted, done, failed, attack_s, device,
+                       bool(finished))
+            for key, name, labels, wanted, device, finished, done, failed, attack_s in rows
+        ]  # fmt: skip
+
+    def status(self, cell: Cell) -> CellStatus | None:
+        key = cell_key(cell)
+        return next((s for s in self.statuses() if s.key == key), None)
+
+    def record(self, name_or_key: str) -> Record | None:
+        """A finished cell's record (by name or key): the shape ``gradleak attack --out``
+        writes. None while the cell is part-way."""
+        row = self._connection.execute(
+            "SELECT record FROM cells WHERE key = ? OR name = ? ORDER BY started DESC",
+            (name_or_key, name_or_key),
+        ).fetchone()
+        if row is None:
+            known = ", ".join(s.name for s in self.statuses()) or "none yet"
+            raise GradleakError(f"no cell {name_or_key} in {self.path} (cells: {known})")
+        if row[0] is None:
+            return None
+        return Record.model_validate(json.loads(row[0]), context={"stored": True})
+
+    def samples(self, key: str) -> dict[int, dict[str, Any]]:
+        rows = self._connection.execute(
+            "SELECT idx, sample FROM samples WHERE cell = ? ORDER BY idx", (key,)
+        ).fetchall()
+        return {idx: json.loads(sample) for idx, sample in rows}
+
+
+def cell_key(cell: Cell) -> str:
+    """The cell's key in the database: a hash of its config's identity."""
+    return hashlib.sha256(cell.key.encode()).hexdigest()[:32]
+
+
+class CellResults:
+    """One cell's part of the database, in the interface ``runner.run`` stores through."""
+
+    def __init__(self, database: ExperimentDatabase, cell: Cell, device: str) -> None:
+        self.database, self.cell, self.device = database, cell, device
+        self.key = cell_key(cell)
+
+    def load_finished(self) -> dict[int, dict[str, Any]]:
+        row = self.database._connection.execute(
+            "SELECT device FROM cells WHERE key = ?", (self.key,)
+        ).fetchone()
+        finished = self.database.samples(self.key)
+        if row is not None and finished and row[0] != self.device:
+            raise GradleakError(
+                f"cell {self.cell.name} was begun on device {row[0]}: resume it with --device "
+                f"{row[0]} (results differ between devices), or choose another --out"
+            )
+        return finished
+
+    def start(self) -> None:
+        cell = self.cell
+        with self.database._write() as db:
+            db.execute(
+                """INSERT INTO cells (key, name, identity, config, labels, wanted, device,
+                                      started)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (key) DO UPDATE SET name = excluded.name,
+                       labels = excluded.labels, config = excluded.config,
+                       device = CASE WHEN (SELECT COUNT(*) FROM samples WHERE cell = key) = 0
+                                     THEN excluded.device ELSE device END""",
+                (self.key, cell.name, cell.key, cell.config.model_dump_json(),
+                 json.dumps(cell.labels), cell.config.scenario.data.n_inputs, self.device,
+                 time.time()),
+            )  # fmt: skip
+
+    def append(self, sample: dict[str, Any]) -> None:
+        with self.database._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?)",
+                (self.key, sample["index"], json.dumps(sample), time.time()),
+            )
+
+    def finish(self, record: dict[str, Any]) -> None:
+        with self.database._write() as db:
+            db.execute(
+                "UPDATE cells SET record = ?, finished = ? WHERE key = ?",
+                (json.dumps(record), time.time(), self.key),
+            )
