@@ -68,7 +68,8 @@ def show_plan(experiment: Experiment, out: Path | None) -> None:
     folder = out or experiment.default_out()
     planned = plan(experiment, folder)
     table = Table(title=f"{experiment.name}: {len(experiment.cells)} cells -> {folder}")
-    for column in ("cell", "attack", "model", "dataset", "B", "inputs done", "estimate"):
+    table.add_column("cell", overflow="fold")
+    for column in ("attack", "model", "dataset", "B", "inputs done", "estimate"):
         table.add_column(column, justify="right" if column in ("B", "inputs done") else "left")
     for cell, status, estimate in planned.cells:
         scenario = cell.config.scenario
@@ -108,8 +109,9 @@ def grid_progress(name: str) -> Iterator[GridProgress]:
 def show_result(experiment: Experiment, result: ExperimentRun) -> None:
     """Each cell's scores, or why it failed."""
     table = Table(title=f"{experiment.name} -> {result.folder}")
-    for column in ("cell", "inputs", "R-1", "R-2", "exact %", "s/input"):
-        table.add_column(column, justify="left" if column == "cell" else "right")
+    table.add_column("cell", overflow="fold")
+    for column in ("inputs", "R-1", "R-2", "exact %", "s/input"):
+        table.add_column(column, justify="right")
     for cell in experiment.cells:
         if cell.name in result.errors:
             table.add_row(cell.name, "", f"[red]{result.errors[cell.name]}[/]", "", "", "")
@@ -161,7 +163,8 @@ def export(
 def show_cells(database: ExperimentDatabase) -> None:
     """The cells a results database holds and how far each got."""
     table = Table(title=f"cells in {database.folder}")
-    for column in ("cell", "inputs done", "failed", "finished"):
+    table.add_column("cell", overflow="fold")
+    for column in ("inputs done", "failed", "finished"):
         table.add_column(column)
     for status in database.statuses():
         finished = "yes" if status.finished else "no"

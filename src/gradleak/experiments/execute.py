@@ -18,6 +18,7 @@ from gradleak.errors import GradleakError
 from gradleak.experiments.database import CellStatus, ExperimentDatabase, cell_key
 from gradleak.experiments.estimate import CellEstimate, estimate
 from gradleak.experiments.grid import Cell, expand
+from gradleak.experiments.published import Published, read_published
 from gradleak.experiments.spec import ExperimentFile, read_experiment
 from gradleak.models.registry import MODELS, model_status
 from gradleak.models.sources import HF_PREFIX
@@ -28,10 +29,12 @@ DEFAULT_RUNS = Path("runs")
 
 @dataclass(frozen=True)
 class Experiment:
-    """A validated experiment: its file and its cells, in order."""
+    """A validated experiment: its file, its cells in order, and the published figures it
+    compares with (None when it names none)."""
 
     file: ExperimentFile
     cells: list[Cell]
+    published: Published | None = None
 
     @property
     def name(self) -> str:
@@ -49,7 +52,14 @@ def load_experiment(path: str | Path, data_dir: str | None = None) -> Experiment
     file = read_experiment(path)
     cells = expand(file, data_dir)
     _check_available(file, cells)
-    return Experiment(file, cells)
+    return Experiment(file, cells, published_of(file))
+
+
+def published_of(file: ExperimentFile) -> Published | None:
+    """The published figures an experiment file names, read and checked."""
+    if file.spec.published is None:
+        return None
+    return read_published(file.path.parent / file.spec.published)
 
 
 def _check_available(file: ExperimentFile, cells: list[Cell]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gradleak.config import RunConfig
 from gradleak.errors import OptionError
-from gradleak.experiments.spec import ExperimentFile, Location, option_key
+from gradleak.experiments.spec import ExperimentFile, Location, option_key, same_value
 from gradleak.options import all_options, config_from_options
 
 PATH_OPTIONS = ("data_dir",)  # options holding a path: relative to the experiment's folder
@@ -49,13 +49,10 @@ class _Draft:
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, Location] = field(default_factory=dict)
-    labels: list[str] = field(default_factory=list)  # the keys that name the cell
 
-    def set(self, key: str, value: Any, source: Location, label: bool) -> None:
+    def set(self, key: str, value: Any, source: Location) -> None:
         self.values[key] = value
         self.sources[key] = source
-        if label and key not in self.labels:
-            self.labels.append(key)
 
 
 def expand(experiment: ExperimentFile, data_dir: str | None = None) -> list[Cell]:
@@ -67,10 +64,11 @@ def expand(experiment: ExperimentFile, data_dir: str | None = None) -> list[Cell
     drafts = _apply_includes(experiment, drafts)
     if not drafts:
         raise experiment.error(("exclude",), "the grid is empty: every cell is excluded")
+    labels = _varying(experiment, drafts)
     cells: list[Cell] = []
     seen: dict[str, str] = {}
     for draft in drafts:
-        cell = _validated(experiment, draft, data_dir)
+        cell = _validated(experiment, draft, data_dir, labels)
         if cell.key in seen:  # an axis its attack ignores: the same run twice
             continue
         seen[cell.key] = cell.name
@@ -91,25 +89,29 @@ def _product(experiment: ExperimentFile) -> list[_Draft]:
     for choice in itertools.product(*(range(len(values)) for _, values in axes)):
         draft = _Draft()
         for raw, value in spec.fixed.items():
-            draft.set(option_key(raw), value, ("fixed", raw), label=False)
+            draft.set(option_key(raw), value, ("fixed", raw))
         for (raw, values), i in zip(axes, choice, strict=True):
-            draft.set(option_key(raw), values[i], ("axes", raw, i), label=len(values) > 1)
+            draft.set(option_key(raw), values[i], ("axes", raw, i))
         drafts.append(draft)
     return drafts
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Values equal as YAML wrote them or as text (``1`` and ``'1'``, ``1e-4`` and ``0.0001``)."""
-    if a == b:
-        return True
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
+def _varying(experiment: ExperimentFile, drafts: list[_Draft]) -> list[str]:
+    """The keys that tell cells apart (axes' and include rules', in the file's order): those
+    whose value is not the same in every cell."""
+    spec = experiment.spec
+    keys = [option_key(k) for k in spec.axes]
+    keys += [option_key(k) for rule in spec.include for k in rule]
+    varying = []
+    for key in dict.fromkeys(keys):
+        values = [d.values.get(key) for d in drafts]
+        if any(v is None or not same_value(v, values[0]) for v in values):
+            varying.append(key)
+    return varying
 
 
 def _matches(draft: _Draft, rule: dict[str, Any]) -> bool:
-    return all(k in draft.values and _same(draft.values[k], v) for k, v in rule.items())
+    return all(k in draft.values and same_value(draft.values[k], v) for k, v in rule.items())
 
 
 def _apply_includes(experiment: ExperimentFile, drafts: list[_Draft]) -> list[_Draft]:
@@ -123,23 +125,26 @@ def _apply_includes(experiment: ExperimentFile, drafts: list[_Draft]) -> list[_D
         on_axes = {k: v for k, (_, v) in rule.items() if k in axis_keys}
         extended = False
         for draft in original:
-            if all(_same(draft.values[k], v) for k, v in on_axes.items()):
+            if all(same_value(draft.values[k], v) for k, v in on_axes.items()):
                 for key, (raw, value) in rule.items():
                     if key not in axis_keys:
-                        draft.set(key, value, ("include", i, raw), label=True)
+                        draft.set(key, value, ("include", i, raw))
                 extended = True
         if not extended:
             draft = _Draft()
             for raw, value in fixed.items():
-                draft.set(option_key(raw), value, ("fixed", raw), label=False)
+                draft.set(option_key(raw), value, ("fixed", raw))
             for key, (raw, value) in rule.items():
-                draft.set(key, value, ("include", i, raw), label=True)
+                draft.set(key, value, ("include", i, raw))
             drafts.append(draft)
     return drafts
 
 
-def _validated(experiment: ExperimentFile, draft: _Draft, data_dir: str | None) -> Cell:
-    """The draft's config, or the located one-line error of its first problem."""
+def _validated(
+    experiment: ExperimentFile, draft: _Draft, data_dir: str | None, labels: list[str]
+) -> Cell:
+    """The draft's config, named by its values of ``labels``, or the located one-line error
+    of its first problem."""
     table = all_options()
     attack = str(draft.values.get("attack", "tag"))
     values, dropped = {}, []
@@ -156,11 +161,11 @@ def _validated(experiment: ExperimentFile, draft: _Draft, data_dir: str | None) 
         config = config_from_options(values)
     except OptionError as exc:
         key = exc.option if exc.option in draft.sources else None
-        location = draft.sources[key] if key else _first_label(draft)
+        location = draft.sources[key] if key else _first_axis(draft)
         raise experiment.error(location, _without_flag(str(exc), key)) from None
-    labels = {key: draft.values[key] for key in draft.labels if key not in dropped}
-    name = ",".join(f"{key}={_text(value)}" for key, value in labels.items()) or "default"
-    return Cell(name, labels, values, config, tuple(dropped), dict(draft.sources))
+    named = {k: draft.values[k] for k in labels if k in draft.values and k not in dropped}
+    name = ",".join(f"{key}={_text(value)}" for key, value in named.items()) or "default"
+    return Cell(name, named, values, config, tuple(dropped), dict(draft.sources))
 
 
 def _someone_takes(experiment: ExperimentFile, key: str) -> bool:
@@ -189,8 +194,9 @@ def _resolved(experiment: ExperimentFile, draft: _Draft, key: str, value: Any) -
     return value
 
 
-def _first_label(draft: _Draft) -> Location:
-    return draft.sources[draft.labels[0]] if draft.labels else ()
+def _first_axis(draft: _Draft) -> Location:
+    """Where a cell's problem is blamed when no one option is: its first axis value."""
+    return next((s for s in draft.sources.values() if s[0] != "fixed"), ())
 
 
 def _without_flag(message: str, key: str | None) -> str:

@@ -15,7 +15,7 @@ The shape (keys are ``gradleak attack`` option names, with dashes or underscores
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,6 +47,9 @@ class ExperimentSpec(BaseModel):
     exclude: list[dict[str, Any]] = Field(
         default_factory=list, description="partial cells to leave out of the product"
     )
+    published: str | None = Field(
+        None, description="a file of the published figures to compare with (beside this one)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -69,22 +72,45 @@ class ExperimentFile:
 
     def error(self, location: Location, problem: str) -> ExperimentError:
         """``file:line: key: problem`` for the key at ``location`` (or its nearest parent)."""
-        line = next(
-            (self.lines[location[:cut]] for cut in range(len(location), 0, -1)
-             if location[:cut] in self.lines),
-            None,
-        )  # fmt: skip
-        key = ".".join(str(part) for part in location)
-        where = f"{self.path}:{line}" if line else str(self.path)
-        return ExperimentError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
+        return located(self.path, self.lines, location, problem)
+
+
+def located(
+    path: Path, lines: dict[Location, int], location: Location, problem: str
+) -> ExperimentError:
+    """The error ``file:line: key: problem`` for the key at ``location`` of a YAML file whose
+    keys sit at ``lines`` (the line of the nearest parent when the key has none)."""
+    line = next(
+        (lines[location[:cut]] for cut in range(len(location), 0, -1) if location[:cut] in lines),
+        None,
+    )
+    key = ".".join(str(part) for part in location)
+    where = f"{path}:{line}" if line else str(path)
+    return ExperimentError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
 
 
 def read_experiment(path: str | Path) -> ExperimentFile:
     """Read and check an experiment file's shape and option names (the cells' values are
     checked when the grid is expanded: ``gradleak.experiments.grid``)."""
     path = Path(path)
+    data, lines = read_yaml(path, "experiment file")
+    if not isinstance(data, dict):
+        raise ExperimentError(f"{path}: an experiment file is a mapping with fixed: and axes:")
+    spec = validated(ExperimentSpec, data, path, lines)
+    experiment = ExperimentFile(path, spec, lines)
+    _check_option_names(experiment)
+    if spec.published is not None:
+        published = (path.parent / spec.published).resolve()
+        if not published.is_file():
+            raise experiment.error(("published",), f"{published} does not exist: fix the path")
+    return experiment
+
+
+def read_yaml(path: Path, what: str) -> tuple[Any, dict[Location, int]]:
+    """A YAML file's data and the line of each of its keys; a one-line error where it is
+    missing or not YAML."""
     if not path.is_file():
-        raise GradleakError(f"experiment file {path} does not exist: give the path of a YAML file")
+        raise GradleakError(f"{what} {path} does not exist: give the path of a YAML file")
     text = path.read_text(encoding="utf-8")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -94,22 +120,24 @@ def read_experiment(path: str | Path) -> ExperimentFile:
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ExperimentError(f"{path}{line}: not valid YAML: {problem}") from None
-    lines = _key_lines(root)
-    if not isinstance(data, dict):
-        raise ExperimentError(f"{path}: an experiment file is a mapping with fixed: and axes:")
+    return data, _key_lines(root)
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def validated(model: type[Model], data: Any, path: Path, lines: dict[Location, int]) -> Model:
+    """``data`` as ``model``, or pydantic's first complaint located in the file."""
     try:
-        spec = ExperimentSpec.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         location = tuple(first["loc"])
         problem = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            allowed = ", ".join(ExperimentSpec.model_fields)
-            problem = f"not a key of an experiment file (allowed: {allowed})"
-        raise ExperimentFile(path, ExperimentSpec(), lines).error(location, problem) from None
-    experiment = ExperimentFile(path, spec, lines)
-    _check_option_names(experiment)
-    return experiment
+            allowed = ", ".join(model.model_fields)
+            problem = f"not a key here (allowed: {allowed})"
+        raise located(path, lines, location, problem) from None
 
 
 def _check_option_names(experiment: ExperimentFile) -> None:
@@ -140,6 +168,19 @@ def _check_option_names(experiment: ExperimentFile) -> None:
     for i, rule in enumerate(spec.exclude):
         if not rule:
             raise experiment.error(("exclude", i), "an empty rule would exclude every cell")
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Values equal as YAML wrote them or as numbers or text (``1`` and ``'1'``, ``1e-4`` and
+    ``0.0001``); None equals nothing."""
+    if a is None or b is None:
+        return False
+    if a == b or str(a) == str(b):
+        return True
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def option_key(raw: str) -> str:
