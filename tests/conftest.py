@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 TINY_MODELS = ("tiny-bert", "tiny-gpt2", "tiny-llama")
 # CI sets this: there the benchmark data must be present, and its absence fails the tests.
 REQUIRE_DATA = "GRADLEAK_REQUIRE_DATA"
+# CI sets this too: there Chromium must be installed (`make browser`) for the report tests.
+REQUIRE_BROWSER = "GRADLEAK_REQUIRE_BROWSER"
 SENTENCES = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
 
 
@@ -71,3 +74,17 @@ def data_dir() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium, for rendering reports headless. A fresh machine may lack it: the
+    tests that need it are then skipped, saying why; CI installs it (`make browser`) and sets
+    $GRADLEAK_REQUIRE_BROWSER=1, so there its absence fails them."""
+    found = os.environ.get("GRADLEAK_CHROMIUM") or shutil.which("chromium")
+    if found is None:
+        message = "Chromium not found: `make browser` installs Debian's chromium"
+        if os.environ.get(REQUIRE_BROWSER) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found

@@ -175,6 +175,7 @@ utility_command_parameters(utility)
 app.command()(utility)
 app.command("run")(cli_experiments.run)
 app.command()(cli_experiments.export)
+app.command()(cli_experiments.report)
 
 
 @app.command()

@@ -170,3 +170,23 @@ def show_cells(database: ExperimentDatabase) -> None:
         finished = "yes" if status.finished else "no"
         table.add_row(status.name, f"{status.done}/{status.wanted}", str(status.failed), finished)
     console.print(table)
+
+
+def report(
+    results: Annotated[Path, typer.Argument(help="a results folder `gradleak run` wrote")],
+    out: Annotated[
+        Path | None, typer.Option(help="the report's file (default: RESULTS/report.html or .md)")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="html (one offline file) or md")] = "html",
+) -> None:
+    """A report of an experiment's results: the papers' layout with the published figures
+    beside ours, plots, every reconstruction with what it recovered, and the setup."""
+    from gradleak.reports import write_report
+
+    if fmt not in ("html", "md"):
+        raise fail(f"unknown report format {fmt!r}: use --format html or --format md")
+    try:
+        path = write_report(results, out, fmt)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"report written to {path}")

@@ -166,6 +166,13 @@ class ExperimentDatabase:
             return None
         return Record.model_validate(json.loads(row[0]), context={"stored": True})
 
+    def cell_config(self, key: str) -> str:
+        """A cell's config as it ran, JSON."""
+        row = self._connection.execute("SELECT config FROM cells WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise GradleakError(f"no cell {key} in {self.path}")
+        return row[0]
+
     def samples(self, key: str) -> dict[int, dict[str, Any]]:
         rows = self._connection.execute(
             "SELECT idx, sample FROM samples WHERE cell = ? ORDER BY idx", (key,)

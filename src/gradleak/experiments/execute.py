@@ -164,6 +164,9 @@ def run_experiment(
     with ExperimentDatabase(folder) as database:
         database.set_meta("name", experiment.name)
         database.set_meta("experiment", experiment.file.path.read_text(encoding="utf-8"))
+        database.set_meta("description", experiment.file.spec.description)
+        if experiment.published is not None:
+            database.set_meta("published", experiment.published.model_dump_json())
         total = sum(c.config.scenario.data.n_inputs for c in experiment.cells)
         if limit is not None:
             total = sum(min(limit, c.config.scenario.data.n_inputs) for c in experiment.cells)

@@ -1,0 +1,116 @@
+"""What a report shows, read from an experiment's results folder: each cell's scores (over
+its finished inputs, when it is part-way), its samples, its scenario, and the published
+figures it is compared with."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradleak.config import RunConfig
+from gradleak.experiments.database import CellStatus, ExperimentDatabase
+from gradleak.experiments.published import Figure, Published
+from gradleak.record import Metrics, Record
+from gradleak.runner import public_sample, summarize
+
+
+@dataclass(frozen=True)
+class CellReport:
+    """One cell: its name and labels, config, how far it got, its scores and samples."""
+
+    name: str
+    labels: dict[str, Any]
+    config: RunConfig
+    done: int
+    wanted: int
+    failed: int
+    metrics: Metrics
+    samples: list[dict[str, Any]]  # public samples (``runner.public_sample``), by index
+    scenario: str
+    attack_s: float
+    update_s: float
+    device: str
+    record: Record | None  # None while part-way
+    figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.record is not None
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything a report of one experiment shows."""
+
+    name: str
+    description: str
+    folder: Path
+    cells: list[CellReport]
+    published: Published | None
+    experiment_text: str
+
+    @property
+    def missing(self) -> list[str]:
+        """What is not finished, in words (empty when every cell is)."""
+        return [f"{c.name}: {c.done} of {c.wanted} inputs" for c in self.cells if not c.finished]
+
+    @property
+    def machines(self) -> list[dict[str, Any]]:
+        """The machines and versions the finished cells ran with (each once)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for cell in self.cells:
+            record = cell.record
+            if record is not None:
+                about = {"machine": record.machine, "versions": record.versions,
+                         "threads": record.torch_threads, "device": record.device}  # fmt: skip
+                seen.setdefault(json.dumps(about, sort_keys=True), about)
+        return list(seen.values())
+
+
+def read_report_data(folder: str | Path) -> ReportData:
+    """A results folder as a report's data. Cells that are part-way are scored over the
+    inputs they finished; a folder with no cells yet gives an empty report."""
+    folder = Path(folder)
+    with ExperimentDatabase(folder, create=False) as database:
+        published_text = database.meta("published")
+        published = None if not published_text else Published.model_validate_json(published_text)
+        cells = [_cell(database, status, published) for status in database.statuses()]
+        name = database.meta("name") or folder.name
+        text = database.meta("experiment") or ""
+        description = database.meta("description") or ""
+    return ReportData(name, description, folder, cells, published, text)
+
+
+def _cell(
+    database: ExperimentDatabase, status: CellStatus, published: Published | None
+) -> CellReport:
+    config = RunConfig.model_validate(json.loads(database.cell_config(status.key)),
+                                      context={"stored": True})  # fmt: skip
+    record = database.record(status.key) if status.finished else None
+    if record is not None:
+        samples = [s.model_dump(mode="json") for s in record.samples]
+        metrics, scenario = record.metrics, record.scenario.text
+    else:
+        stored = database.samples(status.key)
+        samples = [public_sample(stored[i]) for i in sorted(stored)]
+        scored = [stored[i] for i in sorted(stored)]
+        metrics = Metrics.model_validate(summarize(scored))
+        scenario = "(part-way: the scenario's description comes with the finished record)"
+    return CellReport(
+        name=status.name,
+        labels=status.labels,
+        config=config,
+        done=status.done,
+        wanted=status.wanted,
+        failed=status.failed,
+        metrics=metrics,
+        samples=samples,
+        scenario=scenario,
+        attack_s=status.attack_s,
+        update_s=sum(s.get("update_s") or 0.0 for s in samples),
+        device=status.device,
+        record=record,
+        figures=published.for_cell(config) if published else [],
+    )

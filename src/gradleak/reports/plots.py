@@ -1,0 +1,109 @@
+"""The report's plots, as inline SVG (no files, no network at view time): ROUGE-2 and the
+exact rate against every numeric axis of the grid (batch size, local epochs, a defense's
+strength), one line per combination of the other axes."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from gradleak.reports.data import CellReport
+
+# "noise:sigma=0.01", "dpsgd:clip=1.0,sigma=0.5": a defense's parameters
+_PARAMETER = re.compile(r"([a-z_]+)=([-+0-9.eE]+)")
+
+
+@dataclass(frozen=True)
+class Plot:
+    title: str
+    svg: str
+
+
+def numeric_axes(cells: list[CellReport]) -> dict[str, dict[str, float]]:
+    """Each label that is a number in every cell (or a defense whose one varying parameter
+    is), as {cell name: x}; only labels with at least two distinct values."""
+    keys = list(dict.fromkeys(k for c in cells for k in c.labels))
+    axes: dict[str, dict[str, float]] = {}
+    for key in keys:
+        values = {c.name: c.labels.get(key) for c in cells}
+        if key == "defense":
+            named = _defense_strength(values)
+            if named is not None:
+                axes[named[0]] = named[1]
+            continue
+        try:
+            xs = {name: float(v) for name, v in values.items() if not isinstance(v, bool)}
+        except (TypeError, ValueError):
+            continue
+        if len(xs) == len(values) and len(set(xs.values())) >= 2:
+            axes[key] = xs
+    return axes
+
+
+def _defense_strength(values: dict[str, Any]) -> tuple[str, dict[str, float]] | None:
+    """A defense axis as numbers: the one parameter that varies (no defense: 0)."""
+    parameters: dict[str, dict[str, float]] = {}
+    for name, value in values.items():
+        text = str(value)
+        parameters[name] = (
+            {} if text == "none" else {k: float(v) for k, v in _PARAMETER.findall(text)}
+        )
+    kinds = {str(v).split(":")[0] for v in values.values() if str(v) != "none"}
+    varying = {k for p in parameters.values() for k in p}
+    varying = {k for k in varying if len({p.get(k) for p in parameters.values()}) > 1}
+    if len(kinds) != 1 or len(varying) != 1:
+        return None
+    key = varying.pop()
+    xs = {name: p.get(key, 0.0) for name, p in parameters.items()}
+    return (f"defense {kinds.pop()} {key}", xs) if len(set(xs.values())) >= 2 else None
+
+
+def plots(cells: list[CellReport]) -> list[Plot]:
+    """ROUGE-2 and exact % against each numeric axis (cells with scores only)."""
+    scored = [c for c in cells if c.metrics.strict is not None]
+    out = []
+    for axis, xs in numeric_axes(scored).items():
+        lines: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        label_key = "defense" if axis.startswith("defense ") else axis
+        for cell in scored:
+            others = ", ".join(f"{k}={v}" for k, v in cell.labels.items() if k != label_key)
+            strict = cell.metrics.strict
+            lines[others or cell.config.attack.name].append(
+                (xs[cell.name], strict.rouge2, strict.exact_match)
+            )
+        out.append(Plot(f"ROUGE-2 and exact sentences against {axis}", _svg(axis, lines)))
+    return out
+
+
+def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, panels = pyplot.subplots(1, 2, figsize=(9, 3.4))
+    for label, points in lines.items():
+        points.sort()
+        x = [p[0] for p in points]
+        panels[0].plot(x, [p[1] for p in points], marker="o", label=label)
+        panels[1].plot(x, [p[2] for p in points], marker="o", label=label)
+    for panel, metric in zip(panels, ("ROUGE-2 (strict)", "exact sentences %"), strict=True):
+        panel.set_xlabel(axis)
+        panel.set_ylabel(metric)
+        panel.set_ylim(-2, 102)
+        panel.grid(alpha=0.3)
+        xs = sorted({p[0] for points in lines.values() for p in points})
+        if xs and xs[0] > 0 and xs[-1] / xs[0] >= 20:
+            panel.set_xscale("log")
+        panel.set_xticks(xs, [f"{x:g}" for x in xs])  # the grid's values, not a scale's
+    panels[1].legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None})
+    pyplot.close(figure)
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]  # the XML prolog and doctype do not belong inline
+    return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.DOTALL)

@@ -1,0 +1,145 @@
+"""Reports: recovered words marked, the papers' layout with published figures and their
+difference, part-way and empty runs, escaping of attacker-controlled text, and the page
+rendered in headless Chromium without console errors."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from gradleak.cli import app
+from gradleak.experiments import ExperimentDatabase, run_experiment
+from gradleak.reports import read_report_data, render_html, render_markdown, write_report
+from gradleak.reports.highlight import marked
+from gradleak.reports.plots import numeric_axes
+
+ATTACK = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='img'\">"
+
+
+def test_marked_words_follow_the_other_text():
+    words = marked("mary has never kissed john.", "john has never kissed a man")
+    assert [(w.text, w.mark) for w in words] == [
+        ("mary", ""), ("has", "bigram"), ("never", "bigram"), ("kissed", "bigram"),
+        ("john.", "unigram")]  # fmt: skip
+    assert [w.mark for w in marked("the cat sat", "sat cat the")] == ["unigram"] * 3
+    assert [w.mark for w in marked(", - .", ", - .")] == ["", "", ""]  # punctuation alone
+
+
+def experiment(tmp_path, n_inputs: int = 2) -> tuple:
+    (tmp_path / "figures.yaml").write_text(textwrap.dedent("""
+        source: A paper, Table 1
+        setting: B=1 and 2
+        figures:
+          - {where: {batch_size: 1}, model: BERT, rouge1: 90.0, rouge2: 80.0}
+        """))  # fmt: skip
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: small
+        description: DAGER on a tiny BERT.
+        published: figures.yaml
+        fixed: {{model: tiny-bert, dataset: demo, mode: eval, attack: dager, n_inputs: {n_inputs}}}
+        axes: {{batch_size: [1, 2]}}
+        """))  # fmt: skip
+    return path, tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny run whose first reconstruction an attacker made into markup."""
+    tmp_path = tmp_path_factory.mktemp("report")
+    path, out = experiment(tmp_path)
+    run_experiment(path, out)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        key, text = db.execute("SELECT key, record FROM cells ORDER BY started").fetchone()
+        record = json.loads(text)
+        record["samples"][0]["prediction"][0] = ATTACK
+        db.execute("UPDATE cells SET record = ? WHERE key = ?", (json.dumps(record), key))
+    return out
+
+
+def test_html_report_holds_the_table_figures_and_escaped_text(finished):
+    html = render_html(read_report_data(finished))
+    assert "A paper, Table 1" in html and "BERT: 90.0 / 80.0" in html
+    assert "+10.0" in html and "+20.0" in html  # DAGER's 100 against the paper's 90 and 80
+    assert "&lt;script&gt;document.title=" in html and "<img src=x" not in html
+    assert html.count("<script") == 1  # the page's own, allowed by its nonce
+    assert 'class="bigram">sam</span>' in html  # recovered words are marked
+    assert "<svg" in html  # the batch-size plot, inline
+    for fetch in ('src="http', 'href="http', "url(http", "@import"):
+        assert fetch not in html  # nothing is fetched at view time
+
+
+def test_markdown_report(finished):
+    text = render_markdown(read_report_data(finished))
+    assert "| batch_size | all |" in text or "| batch_size=1 |" in text
+    assert "(BERT 90.0 / 80.0: +10.0 / +20.0)" in text
+    assert "Part-way" not in text
+
+
+def test_part_way_and_empty_runs_say_what_is_missing(tmp_path):
+    path, out = experiment(tmp_path, n_inputs=2)
+    run_experiment(path, out, limit=1)
+    data = read_report_data(out)
+    assert data.missing == ["batch_size=1: 1 of 2 inputs", "batch_size=2: 1 of 2 inputs"]
+    html = render_html(data)
+    assert "Part-way:" in html and "1/2 inputs" in html
+    assert all(c.metrics.strict.exact_match == 100.0 for c in data.cells)
+    ExperimentDatabase(tmp_path / "empty").close()
+    assert "no results yet" in render_html(read_report_data(tmp_path / "empty"))
+
+
+def test_numeric_axes_include_a_defense_strength(finished):
+    cells = read_report_data(finished).cells
+    assert numeric_axes(cells) == {"batch_size": {"batch_size=1": 1.0, "batch_size=2": 2.0}}
+
+    def cells_of(*defenses):
+        return [SimpleNamespace(name=d, labels={"defense": d, "attack": "tag"}) for d in defenses]
+
+    axes = numeric_axes(cells_of("none", "noise:sigma=0.01", "noise:sigma=0.1"))
+    assert axes == {"defense noise sigma": {"none": 0.0, "noise:sigma=0.01": 0.01,
+                                            "noise:sigma=0.1": 0.1}}  # fmt: skip
+    assert numeric_axes(cells_of("none", "sign", "prune:keep=0.01")) == {}  # two kinds
+
+
+def test_cli_report(finished, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "r.md"
+    result = runner.invoke(app, ["report", str(finished), "--out", str(out), "--format", "md"])
+    assert result.exit_code == 0, result.output
+    assert out.read_text().startswith("# small")
+    bad = runner.invoke(app, ["report", str(finished), "--format", "pdf"])
+    assert bad.exit_code == 2 and "use --format html or --format md" in bad.output
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+def test_report_renders_in_chromium_with_attacker_markup_inert(finished, chromium, tmp_path):
+    page = write_report(finished, tmp_path / "report.html")
+    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+    dom = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, *profile, "--enable-logging=stderr", "--v=0",
+         "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []  # no errors, no blocked scripts
+    assert "<title>small: gradleak report</title>" in dom.stdout  # not 'pwned' nor 'img'
+    assert "&lt;script&gt;document.title=" in dom.stdout
+    assert 'class="bigram"' in dom.stdout
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, *profile, "--window-size=1280,1600",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
