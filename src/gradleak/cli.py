@@ -176,6 +176,7 @@ app.command()(utility)
 app.command("run")(cli_experiments.run)
 app.command()(cli_experiments.export)
 app.command()(cli_experiments.report)
+app.command()(cli_experiments.audit)
 
 
 @app.command()

@@ -190,3 +190,45 @@ def report(
     except GradleakError as exc:
         raise fail(str(exc)) from None
     console.print(f"report written to {path}")
+
+
+def audit(
+    setup: Annotated[Path, typer.Argument(help="your setup (YAML: setup:, sample:, sensitive:)")],
+    budget: Annotated[
+        str, typer.Option(help="time for the whole audit: 600, 90s, 10m, 1h")
+    ] = "10m",
+    max_exact: Annotated[
+        float, typer.Option(help="accepted % of sentences recovered exactly")
+    ] = 0.0,
+    max_rouge2: Annotated[float, typer.Option(help="accepted ROUGE-2 (strict, percent)")] = 10.0,
+    attacks: Annotated[
+        str, typer.Option(help="attacks to try, comma-separated")
+    ] = "dager,lamp-cos,tag",
+    out: Annotated[
+        Path | None, typer.Option(help="results folder (default runs/audit-NAME)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Audit your own federated fine-tuning setup: the attacks that apply, what they recover,
+    and which changes bring the leakage under your thresholds. Writes audit.html and
+    report.html in the results folder."""
+    from gradleak.audit import Thresholds, run_audit
+    from gradleak.audit.show import parse_budget, print_audit, write_audit_html
+    from gradleak.reports import write_report
+
+    try:
+        seconds = parse_budget(budget)
+    except ValueError as exc:
+        raise fail(f"--budget: {exc}") from None
+    chosen = [a.strip() for a in attacks.split(",") if a.strip()]
+    try:
+        with kept_global_state(threads), err_console.status("auditing") as status:
+            result = run_audit(setup, out, budget_s=seconds, attacks=chosen,
+                               thresholds=Thresholds(max_exact, max_rouge2),
+                               say=lambda message: status.update(message))  # fmt: skip
+        report = write_report(result.folder)
+        page = write_audit_html(result, result.folder / "audit.html")
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    print_audit(result, console)
+    console.print(f"wrote {page} and {report}")

@@ -1,9 +1,9 @@
 """A rough cost of a grid before it runs, and a measured one as it runs.
 
-Before a cell has finished inputs, its cost is the attack's seconds per input measured on a
-2-core x86 CPU with one torch thread (``benchmarks/MEASURED.md``: MiniLM, CoLA, B=1), scaled
-by the attack's steps, the batch size (a step's cost grew as about B^0.6 from B=1 to 16) and
-the model's size relative to MiniLM. Once a cell has finished inputs, their mean is used
+Before a cell has finished inputs, its cost is built from costs measured on a 2-core x86 CPU
+with one torch thread (``benchmarks/MEASURED.md``: MiniLM, CoLA, B=1): an optimization
+attack's steps and discrete rounds, another attack's seconds per input, scaled by the batch
+size and the model. Once a cell has finished inputs, their mean is used
 instead. The figures are for ordering and budgeting, not promises: a busy machine, another
 CPU or a GPU changes them.
 """
@@ -15,24 +15,24 @@ from dataclasses import dataclass
 from gradleak.config import RunConfig
 from gradleak.experiments.database import CellStatus
 
-# Seconds per input at the attack's default budget, MiniLM, CoLA, B=1, one thread.
-SECONDS_PER_INPUT = {
-    "dlg": 250.0,  # like TAG: 2500 steps of about 0.1 s
-    "tag": 250.0,
-    "lamp-cos": 140.0,  # 2000 steps of about 0.06 s and 24 discrete rounds
-    "lamp-l2l1": 140.0,
-    "dager": 1.5,
-    "lti": 0.05,  # reading an update; the training is per cell (below)
-    "lti-p": 0.05,
-}
-DEFAULT_STEPS = {"dlg": 2500, "tag": 2500, "lamp-cos": 2000, "lamp-l2l1": 2000}
+# Optimization attacks: a continuous step's seconds on MiniLM for one sequence (LAMP's cosine
+# loss: 0.06 s; TAG and DLG write the dummy gradient out for their L1 term: 0.1 s), times the
+# model's factor and B^0.6 (a step's cost grew about so from B=1 to 16); plus LAMP's discrete
+# rounds (one per discrete_every steps), whose cost is the LM prior's scoring of 200
+# candidates (about 2.5 s a round, whatever the victim).
+STEP_SECONDS = {"dlg": 0.1, "tag": 0.1, "lamp-cos": 0.06, "lamp-l2l1": 0.06}
+DISCRETE_ROUND_SECONDS = 2.5
+START_SECONDS = 5.0  # loading, the client's update, the start's candidates
+# Other attacks: seconds per input (MiniLM, B=1), times the model's factor.
+SECONDS_PER_INPUT = {"dager": 1.5, "lti": 0.05, "lti-p": 0.05}
+UNKNOWN_ATTACK_SECONDS = 60.0
+# A model's cost relative to MiniLM's (22.7M parameters) for the same input; a tiny model's
+# steps are dominated by per-operation overhead, not its size.
+MODEL_FACTOR = {"minilm": 1.0, "smollm2": 6.0, "lti-lm": 0.5, "tiny-bert": 0.15,
+                "tiny-gpt2": 0.15, "tiny-llama": 0.15}  # fmt: skip
 # An inversion model's training, per update it learns from (making and hashing the update,
 # and the model's step): lti-lm 4.5 s per step of 64, MiniLM 25-38 min for 100 steps of 32.
 TRAINING_SECONDS_PER_UPDATE = {"lti-lm": 0.07, "minilm": 0.6}
-# A model's cost relative to MiniLM's (22.7M parameters) for the same input.
-MODEL_FACTOR = {"minilm": 1.0, "smollm2": 6.0, "lti-lm": 0.5, "tiny-bert": 0.02,
-                "tiny-gpt2": 0.02, "tiny-llama": 0.02}  # fmt: skip
-UNKNOWN_ATTACK_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,15 @@ def estimate(config: RunConfig, status: CellStatus | None) -> CellEstimate:
 
 
 def _hinted_seconds(config: RunConfig) -> float:
-    attack = config.attack.name
-    seconds = SECONDS_PER_INPUT.get(attack, UNKNOWN_ATTACK_SECONDS)
-    steps = getattr(config.attack, "steps", None)
-    if steps is not None and attack in DEFAULT_STEPS:
-        seconds *= steps / DEFAULT_STEPS[attack]
-    seconds *= config.scenario.data.batch_size**0.6
-    return seconds * MODEL_FACTOR.get(config.scenario.model, 1.0)
+    """An input's seconds from the measured costs above (see the module's docstring)."""
+    attack, settings = config.attack.name, config.attack
+    factor = MODEL_FACTOR.get(config.scenario.model, 1.0)
+    if attack in STEP_SECONDS:
+        steps = settings.steps * STEP_SECONDS[attack] * factor
+        steps *= config.scenario.data.batch_size**0.6
+        rounds = settings.steps // settings.discrete_every if settings.uses_prior else 0
+        return START_SECONDS + steps + rounds * DISCRETE_ROUND_SECONDS
+    return SECONDS_PER_INPUT.get(attack, UNKNOWN_ATTACK_SECONDS) * factor
 
 
 def _training_seconds(config: RunConfig) -> float:

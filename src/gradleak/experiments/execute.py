@@ -167,27 +167,41 @@ def run_experiment(
         database.set_meta("description", experiment.file.spec.description)
         if experiment.published is not None:
             database.set_meta("published", experiment.published.model_dump_json())
-        total = sum(c.config.scenario.data.n_inputs for c in experiment.cells)
-        if limit is not None:
-            total = sum(min(limit, c.config.scenario.data.n_inputs) for c in experiment.cells)
-        done_before = 0
-        for index, cell in enumerate(experiment.cells):
-            report = _cell_progress(progress, index, len(experiment.cells), done_before, total,
-                                    cell)  # fmt: skip
-            store = database.cell_results(cell, device)
-            try:
-                record = runner.run(cell.config, progress=report, workers=workers,
-                                    device=device, limit=limit, store=store)  # fmt: skip
-            except GradleakError as exc:
-                result.errors[cell.name] = str(exc)
-                continue
-            finally:
-                status = database.status(cell)
-                done = 0 if status is None else status.done
-                done_before += done if limit is None else min(done, limit)
-            result.records[cell.name] = record if status and status.finished else None
+        run_cells(experiment.cells, database, result, workers=workers, device=device,
+                  limit=limit, progress=progress)  # fmt: skip
     result.seconds = time.perf_counter() - started
     return result
+
+
+def run_cells(
+    cells: list[Cell],
+    database: ExperimentDatabase,
+    result: ExperimentRun,
+    *,
+    workers: int = 1,
+    device: str = "cpu",
+    limit: int | None = None,
+    progress: GridProgress | None = None,
+) -> None:
+    """Run ``cells`` in order into ``database``, adding each one's record (or its error) to
+    ``result``: the loop of :func:`run_experiment`, for callers that make their own cells."""
+    wanted = [c.config.scenario.data.n_inputs for c in cells]
+    total = sum(wanted if limit is None else [min(limit, n) for n in wanted])
+    done_before = 0
+    for index, cell in enumerate(cells):
+        report = _cell_progress(progress, index, len(cells), done_before, total, cell)
+        store = database.cell_results(cell, device)
+        try:
+            record = runner.run(cell.config, progress=report, workers=workers, device=device,
+                                limit=limit, store=store)  # fmt: skip
+        except GradleakError as exc:
+            result.errors[cell.name] = str(exc)
+            continue
+        finally:
+            status = database.status(cell)
+            done = 0 if status is None else status.done
+            done_before += done if limit is None else min(done, limit)
+        result.records[cell.name] = record if status and status.finished else None
 
 
 def _cell_progress(

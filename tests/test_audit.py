@@ -1,0 +1,98 @@
+"""The practitioner's audit: setup validation, a tiny setup DAGER exposes (its secrets named),
+the same setup under strong DP-SGD, where the verdict changes, and the command line."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from gradleak.audit import Thresholds, read_setup, run_audit
+from gradleak.audit.run import mitigation_candidates
+from gradleak.audit.show import parse_budget
+from gradleak.cli import app
+from gradleak.errors import GradleakError
+from gradleak.experiments import ExperimentError
+
+SETUP = """
+    name: tiny
+    setup:
+      model: tiny-bert
+      dataset: demo
+      batch_size: 2
+      mode: eval
+      {extra}
+    sample: 2
+    sensitive: ['\\d', okafor, tom, sam]
+    """
+
+
+def write(tmp_path, extra: str = "", name: str = "setup.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(SETUP.format(extra=extra)))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("steps: 10", ":8: setup.steps: not a scenario option"),
+        ("n_inputs: 3", ":8: setup.n_inputs: give the number of updates as sample:"),
+        ("batchsize: 3", ":8: setup.batchsize: not a scenario option: did you mean 'batch_size'"),
+    ],
+)
+def test_setup_errors_are_located(tmp_path, extra, expected):
+    with pytest.raises(ExperimentError) as caught:
+        read_setup(write(tmp_path, extra))
+    assert expected in str(caught.value)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("setup: {model: tiny-bert}\nsensitive: ['(']\n")
+    with pytest.raises(ExperimentError, match=r"bad.yaml:2: sensitive: '\(' is not a regular"):
+        read_setup(bad)
+
+
+def test_budget_and_attacks_are_checked():
+    assert [parse_budget(t) for t in ("90", "90s", "10m", "1.5h")] == [90, 90, 600, 5400]
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_budget("ten minutes")
+    with pytest.raises(GradleakError, match="lti is not one"):
+        run_audit("unused.yaml", attacks=["lti"])
+
+
+def test_candidates_leave_out_what_the_setup_has():
+    plain = [change for change, _ in mitigation_candidates({"model": "tiny-bert"})]
+    assert plain[0] == "larger client batches: B=2" and any("DP-SGD" in c for c in plain)
+    assert any(c.startswith("FedAvg") for c in plain)
+    defended = mitigation_candidates(
+        {"model": "tiny-bert", "protocol": "fedavg", "lora_rank": 4, "defense": "sign"}
+    )
+    changes = [change for change, _ in defended]
+    assert "more local steps: 2 epochs" in changes
+    assert not any("LoRA" in c or "DP-SGD" in c or "pruning" in c for c in changes)
+
+
+def test_audit_exposes_what_dager_recovers_and_names_the_secrets(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["audit", str(write(tmp_path)), "--budget", "20s", "--attacks", "dager",
+              "--out", str(out)], env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "EXPOSED: dager recovers 100% of sentences exactly" in result.output
+    assert "okafor" in result.output and "18," in result.output  # secrets that came back
+    assert (out / "audit.html").exists() and (out / "report.html").exists()
+    assert "EXPOSED" in (out / "audit.html").read_text()
+
+
+def test_strong_dp_sgd_changes_the_verdict(tmp_path):
+    path = write(tmp_path, "defense: dpsgd:clip=1.0,sigma=1.0,delta=1e-5")
+    result = run_audit(path, tmp_path / "run", budget_s=15, attacks=["dager"])
+    assert not result.exposed and result.verdict.startswith("BELOW THE THRESHOLDS")
+    (outcome,) = result.baseline
+    assert outcome.leakage.exact == 0 and outcome.leakage.secrets == []
+    assert result.mitigations == []  # nothing leaked: nothing to mitigate
+    # the same record, judged with thresholds nobody meets, is exposed
+    strict = Thresholds(max_exact=-1.0)
+    assert outcome.leakage.over(strict) and not outcome.leakage.over(Thresholds())
