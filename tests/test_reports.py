@@ -37,6 +37,7 @@ def experiment(tmp_path, n_inputs: int = 2) -> tuple:
         setting: B=1 and 2
         figures:
           - {where: {batch_size: 1}, model: BERT, rouge1: 90.0, rouge2: 80.0}
+          - {where: {attack: tag, batch_size: 2}, model: BERT, rouge1: 50.0, rouge2: 5.0}
         """))  # fmt: skip
     path = tmp_path / "exp.yaml"
     path.write_text(textwrap.dedent(f"""
@@ -77,8 +78,9 @@ def test_html_report_holds_the_table_figures_and_escaped_text(finished):
 
 def test_markdown_report(finished):
     text = render_markdown(read_report_data(finished))
-    assert "| batch_size | all |" in text or "| batch_size=1 |" in text
-    assert "(BERT 90.0 / 80.0: +10.0 / +20.0)" in text
+    assert "| attack | batch_size=1 | batch_size=2 |" in text
+    assert "| dager | 100.0 / 100.0 (BERT 90.0 / 80.0: +10.0 / +20.0) | 100.0 / 100.0 |" in text
+    assert "| tag (BERT) | – | 50.0 / 5.0 |" in text  # the paper's baseline, beside ours
     assert "Part-way" not in text
 
 

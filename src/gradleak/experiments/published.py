@@ -49,9 +49,18 @@ class Figure(BaseModel):
 
     def matches(self, config: RunConfig) -> bool:
         """Whether a cell with ``config`` is one this figure describes."""
+        return self._matches(config, ())
+
+    def matches_except_attack(self, config: RunConfig) -> bool:
+        """Whether the figure describes another attack on the same setting as ``config``."""
+        return self._matches(config, ("attack",))
+
+    def _matches(self, config: RunConfig, ignored: tuple[str, ...]) -> bool:
         options = options_of(config)
         return all(
-            same_value(options.get(option_key(key)), value) for key, value in self.where.items()
+            same_value(options.get(option_key(key)), value)
+            for key, value in self.where.items()
+            if option_key(key) not in ignored
         )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from gradleak import __version__
-from gradleak.experiments.published import Figure
+from gradleak.experiments.published import Figure, Published
 from gradleak.reports.data import CellReport, ReportData, read_report_data
 from gradleak.reports.highlight import marked
 from gradleak.reports.plots import plots
@@ -28,27 +28,37 @@ PAPER = (("rouge1", "R-1"), ("rouge2", "R-2"), ("rougeL", "R-L"))
 
 @dataclass(frozen=True)
 class Pivot:
-    """The papers' layout: rows by one label (the attack, when it varies), columns by the
-    others; ``entries[row][column]`` is the cell there, if any."""
+    """The papers' layout: a row per attack, a column per combination of the other labels;
+    ``entries[row][column]`` is the cell there, if any. ``published[row][column]`` are the
+    published figures of attacks the grid did not run, in the same columns (the paper's
+    baselines beside ours)."""
 
-    row_key: str
     rows: list[str]
     columns: list[str]
     entries: dict[str, dict[str, CellReport]]
+    published: dict[str, dict[str, Figure]]
 
 
-def pivot(cells: list[CellReport]) -> Pivot:
-    keys = list(dict.fromkeys(k for c in cells for k in c.labels))
-    row_key = "attack" if "attack" in keys else (keys[0] if keys else "cell")
+def pivot(cells: list[CellReport], figures: Published | None = None) -> Pivot:
     entries: dict[str, dict[str, CellReport]] = {}
     columns: list[str] = []
     for cell in cells:
-        row = str(cell.labels.get(row_key, cell.name if row_key == "cell" else "-"))
-        column = ", ".join(f"{k}={v}" for k, v in cell.labels.items() if k != row_key) or "all"
+        row = cell.config.attack.name
+        column = ", ".join(f"{k}={v}" for k, v in cell.labels.items() if k != "attack") or "all"
         entries.setdefault(row, {})[column] = cell
         if column not in columns:
             columns.append(column)
-    return Pivot(row_key, list(entries), columns, entries)
+    published: dict[str, dict[str, Figure]] = {}
+    for figure in figures.figures if figures else []:
+        attack = str(figure.where.get("attack", ""))
+        if not attack or attack in entries:
+            continue
+        for row in entries.values():
+            for column, cell in row.items():
+                if figure.matches_except_attack(cell.config):
+                    label = f"{attack} ({figure.model or 'published'})"
+                    published.setdefault(label, {}).setdefault(column, figure)
+    return Pivot(list(entries), columns, entries, published)
 
 
 def difference(ours: float | None, figure: Figure, metric: str) -> str:
@@ -76,7 +86,7 @@ def render_html(data: ReportData) -> str:
     """The report as one HTML page."""
     metric = data.published.metric if data.published else "paper"
     return _environment().get_template("report.html.j2").render(
-        data=data, pivot=pivot(data.cells), plots=plots(data.cells), metric=metric,
+        data=data, pivot=pivot(data.cells, data.published), plots=plots(data.cells), metric=metric,
         nonce=secrets.token_urlsafe(16), version=__version__,
         generated=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )  # fmt: skip
@@ -88,7 +98,7 @@ def render_markdown(data: ReportData) -> str:
     environment.autoescape = False
     metric = data.published.metric if data.published else "paper"
     return environment.get_template("report.md.j2").render(
-        data=data, pivot=pivot(data.cells), metric=metric, version=__version__
+        data=data, pivot=pivot(data.cells, data.published), metric=metric, version=__version__
     )
 
 
