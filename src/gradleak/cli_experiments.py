@@ -10,14 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from gradleak.cli_console import console, err_console, fail
@@ -26,6 +18,7 @@ from gradleak.experiments import ExperimentDatabase, load_experiment, plan, run_
 from gradleak.experiments.estimate import duration
 from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
 from gradleak.global_state import kept_global_state
+from gradleak.progress import bars
 
 
 def run(
@@ -93,15 +86,13 @@ def show_plan(experiment: Experiment, out: Path | None) -> None:
 @contextlib.contextmanager
 def grid_progress(name: str) -> Iterator[GridProgress]:
     """Two bars on stderr: the grid's cells and its inputs (with the ETA)."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, console=err_console, transient=True) as bars:
-        cells = bars.add_task(f"{name}: cells", total=None)
-        inputs = bars.add_task("inputs", total=None)
+    with bars(err_console) as shown:
+        cells = shown.add_task(f"{name}: cells", total=None)
+        inputs = shown.add_task("inputs", total=None)
 
         def advance(index: int, count: int, done: int, total: int, cell: str) -> None:
-            bars.update(cells, completed=index, total=count)
-            bars.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
+            shown.update(cells, completed=index, total=count)
+            shown.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
 
         yield advance
 

@@ -20,11 +20,17 @@ from rich.progress import (
 Advance = Callable[[int, int], None]
 
 
+def bars(console: Console | None = None) -> Progress:
+    """Progress bars on stderr with the description, done / total, elapsed time and ETA,
+    gone when their block ends (the result is what stays)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    return Progress(*columns, console=console or Console(stderr=True), transient=True)
+
+
 @contextlib.contextmanager
 def progress_bar(description: str, total: int) -> Iterator[Advance]:
     """A bar for ``total`` steps, gone when the block ends (the result is what stays)."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with bars() as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, total: bar.update(task, completed=done, total=total)
