@@ -3,6 +3,7 @@ the same setup under strong DP-SGD, where the verdict changes, and the command l
 
 from __future__ import annotations
 
+import sqlite3
 import textwrap
 
 import pytest
@@ -96,3 +97,20 @@ def test_strong_dp_sgd_changes_the_verdict(tmp_path):
     # the same record, judged with thresholds nobody meets, is exposed
     strict = Thresholds(max_exact=-1.0)
     assert outcome.leakage.over(strict) and not outcome.leakage.over(Thresholds())
+
+
+def test_a_second_audit_resumes_the_first(tmp_path):
+    path, out = write(tmp_path), tmp_path / "run"
+    first = run_audit(path, out, budget_s=10, attacks=["dager"])
+
+    def written():
+        with sqlite3.connect(out / "results.sqlite") as db:
+            return db.execute(
+                "SELECT s.idx, s.written FROM samples s JOIN cells c ON s.cell = c.key "
+                "WHERE c.name = 'as is,attack=dager' ORDER BY s.idx"
+            ).fetchall()
+
+    before = written()
+    second = run_audit(path, out, budget_s=10, attacks=["dager"])
+    assert written() == before and len(before) == 2  # stored, not attacked again
+    assert second.baseline[0].leakage == first.baseline[0].leakage

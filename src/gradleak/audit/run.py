@@ -89,10 +89,13 @@ class Mitigation:
         return any(o.status != "skipped" for o in self.outcomes)
 
     def below(self, thresholds: Thresholds) -> bool | None:
-        """Whether every attack tried stays under the thresholds (None: not measured)."""
-        if not self.measured:
+        """Whether every attack that leaked before stays under the thresholds after this
+        change: False when one still leaks, None when one was not measured (over the budget)."""
+        if any(o.leakage is not None and o.leakage.over(thresholds) for o in self.outcomes):
+            return False
+        if any(o.status == "skipped" for o in self.outcomes):
             return None
-        return not any(o.leakage is not None and o.leakage.over(thresholds) for o in self.outcomes)
+        return True
 
 
 @dataclass
@@ -194,15 +197,17 @@ class _Auditor:
                 return AttackOutcome(attack, "skipped", "not run: over the time budget")
             options["steps"] = steps
         config = config_from_options(options)
-        if attack not in OPTIMIZATION and self._cost(config, inputs) > max(self.left, 0):
+        if self._cost(config, inputs) > max(self.left, 0) and not self._stored(config):
             return AttackOutcome(attack, "skipped", "not run: over the time budget")
         name = f"{label},attack={attack}"
         cell = Cell(name, {"setup": label, "attack": attack}, options, config)
         self.say(f"{label}: {attack} on {inputs} update(s)" + (f", {steps} steps" if steps else ""))
+        stored = self._stored(config)
         begun = time.perf_counter()
         run_cells([cell], self.database, self.result)
         seconds = time.perf_counter() - begun
-        self.measured[attack] = seconds / (inputs * _examples(config) * (steps or 1))
+        if not stored:  # a stored run's seconds say nothing of the next run's
+            self.measured[attack] = seconds / (inputs * _examples(config) * (steps or 1))
         if name in self.result.errors:
             return AttackOutcome(attack, "failed", self.result.errors[name], seconds=seconds)
         record = self.result.records.get(name)
@@ -214,6 +219,12 @@ class _Auditor:
             return AttackOutcome(attack, "refused", why, seconds=seconds, steps=steps)
         return AttackOutcome(attack, "ran", _why(attack, record), leakage, seconds, steps)
 
+    def _stored(self, config: RunConfig) -> bool:
+        """Whether an earlier audit finished this run already (it costs nothing now)."""
+        name = "stored"
+        status = self.database.status(Cell(name, {}, {}, config))
+        return status is not None and status.finished
+
     def _cost(self, config: RunConfig, inputs: int) -> float:
         """A run's expected seconds: as this attack took here, else the estimate."""
         attack = config.attack.name
@@ -223,9 +234,11 @@ class _Auditor:
         return START_SECONDS + estimate(config, None).seconds
 
     def _fitting_steps(self, options: dict[str, Any], inputs: int, allowance: float) -> int | None:
-        """The most steps (up to the attack's default) whose expected cost fits."""
+        """The most steps (up to the attack's default) whose estimated cost fits: from the
+        estimate alone, so that the same audit asks for the same runs again."""
         default = attack_defaults(options["attack"])["steps"]
-        cost = self._cost(config_from_options({**options, "steps": default}), inputs)
+        config = config_from_options({**options, "steps": default})
+        cost = START_SECONDS + estimate(config, None).seconds  # over its n_inputs = inputs
         steps = int(default * min(1.0, allowance / cost)) if cost > 0 else default
         return steps if steps >= MIN_STEPS else None
 
@@ -332,14 +345,14 @@ def run_audit(
     return result
 
 
+# An optimization attack's steps follow from the budget alone (not from the time a run
+# happens to take), so that running an audit again asks for the same cells and resumes them.
+
+
 def _baseline(auditor: _Auditor, attacks: list[str]) -> list[AttackOutcome]:
-    """Every attack on the setup as it is, within its share of the budget."""
-    outcomes = []
-    for i, attack in enumerate(attacks):
-        share = auditor.budget_s * BASELINE_SHARE - (auditor.budget_s - auditor.left)
-        allowance = share / max(1, sum(a in OPTIMIZATION for a in attacks[i:]))
-        outcomes.append(auditor.attack("as is", {}, attack, auditor.setup.sample, allowance))
-    return outcomes
+    """Every attack on the setup as it is, the optimization attacks sharing half the budget."""
+    allowance = auditor.budget_s * BASELINE_SHARE / max(1, sum(a in OPTIMIZATION for a in attacks))
+    return [auditor.attack("as is", {}, a, auditor.setup.sample, allowance) for a in attacks]
 
 
 def _mitigations(auditor: _Auditor, attacks: list[str]) -> list[Mitigation]:
@@ -347,11 +360,12 @@ def _mitigations(auditor: _Auditor, attacks: list[str]) -> list[Mitigation]:
     inputs = min(auditor.setup.sample, MITIGATION_INPUTS)
     mitigations = []
     candidates = mitigation_candidates(auditor.setup.setup)
-    for n, (change, options) in enumerate(candidates):
+    runs = len(candidates) * sum(a in OPTIMIZATION for a in attacks)
+    allowance = auditor.budget_s * (1 - BASELINE_SHARE) / max(1, runs)
+    for change, options in candidates:
         command = utility_command(auditor.setup.setup, options)
         mitigation = Mitigation(change, options, utility_command=command)
         for attack in attacks:
-            allowance = auditor.left / max(1, (len(candidates) - n) * len(attacks))
             mitigation.outcomes.append(auditor.attack(change, options, attack, inputs, allowance))
         mitigations.append(mitigation)
     return mitigations
