@@ -72,7 +72,7 @@ def test_bad_hasher_sizes_are_errors():
 
 def _scenario(tiny_victim, name, task, defense=None, mode="eval"):
     from gradleak.data import Example
-    from gradleak.defenses import DEFENSES
+    from gradleak.defenses import DEFENSES, parse_defenses
     from gradleak.federated.client import GlobalModel
     from gradleak.federated.protocol import Protocol
     from gradleak.federated.server import server_knowledge
@@ -80,7 +80,7 @@ def _scenario(tiny_victim, name, task, defense=None, mode="eval"):
     gm = GlobalModel.build(tiny_victim(name, task), Protocol(mode=mode))
     examples = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
     batch = gm.encode(examples)
-    public = () if defense is None else (DEFENSES.settings(defense),)
+    public = () if defense is None else tuple(DEFENSES.settings(d) for d in parse_defenses(defense))
     return gm, batch, server_knowledge(gm, batch, public_defenses=public)
 
 
@@ -120,6 +120,25 @@ def test_training_updates_go_through_the_public_defenses_and_the_hasher(tiny_vic
     features = signed.features(ids, None, generator)
     expected = hasher.hash_blocks([torch.sign(g) for g in plain.gradients(ids, None)], batch=1)
     torch.testing.assert_close(features, expected)
+
+
+def test_features_computed_in_chunks_equal_one_pass(tiny_victim, monkeypatch):
+    """Many updates go through in chunks that bound memory; the features are the same (up to
+    the last bits a batched pass of another size may change: a public pruning would then flip
+    the coordinates at its threshold, so none here)."""
+    from gradleak.attacks.lti import pairs
+
+    gm, batch, knowledge = _scenario(tiny_victim, "tiny-bert", "classification")
+    keys = [s.key for s in gm.specs]
+    size = pairs.UpdateSampler(knowledge, keys, FeatureHasher(1, 1), "eval").size
+    sampler = pairs.UpdateSampler(knowledge, keys, FeatureHasher(size, 101, seed=1), "eval")
+    ids = torch.stack([batch.input_ids, batch.input_ids.flip(0), batch.input_ids.flip(1)])
+    labels = batch.labels["label"][None].expand(3, -1)
+    whole = sampler.features(ids, labels, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(pairs, "CHUNK_COORDINATES", size + 1)  # one update a chunk
+    chunked = sampler.features(ids, labels, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    assert not torch.allclose(whole[0], whole[1])
 
 
 # --- the inversion model ----------------------------------------------------------------------
