@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradleak import runner
 from gradleak.audit.setup import AuditSetup, read_setup
 from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase
 from gradleak.experiments.estimate import START_SECONDS, estimate
-from gradleak.experiments.execute import ExperimentRun, run_cells
 from gradleak.experiments.grid import Cell
 from gradleak.options import attack_defaults, config_from_options
 from gradleak.record import Record
@@ -170,7 +170,6 @@ class _Auditor:
         self.setup, self.folder, self.budget_s, self.say = setup, folder, budget_s, say
         self.started = time.perf_counter()
         self.database = ExperimentDatabase(folder)
-        self.result = ExperimentRun(folder)
         # wall seconds per example of an input (and per step, for optimization attacks) each
         # attack took here, loading and the client's update included: better than any
         # estimate once known
@@ -204,20 +203,33 @@ class _Auditor:
         self.say(f"{label}: {attack} on {inputs} update(s)" + (f", {steps} steps" if steps else ""))
         stored = self._stored(config)
         begun = time.perf_counter()
-        run_cells([cell], self.database, self.result)
+        try:
+            record, done = self._run(cell, inputs)
+        except GradleakError as exc:
+            return AttackOutcome(attack, "failed", str(exc), seconds=time.perf_counter() - begun)
         seconds = time.perf_counter() - begun
         if not stored:  # a stored run's seconds say nothing of the next run's
-            self.measured[attack] = seconds / (inputs * _examples(config) * (steps or 1))
-        if name in self.result.errors:
-            return AttackOutcome(attack, "failed", self.result.errors[name], seconds=seconds)
-        record = self.result.records.get(name)
-        if record is None:
-            return AttackOutcome(attack, "failed", "the run did not finish", seconds=seconds)
+            self.measured[attack] = seconds / (done * _examples(config) * (steps or 1))
         leakage = leakage_of(record, self.setup.sensitive)
+        cut = "" if done == inputs else f" ({done} of {inputs} updates: the budget ran out)"
         if leakage is None:
             why = next((s.error for s in record.samples if s.failed), "nothing was scored")
-            return AttackOutcome(attack, "refused", why, seconds=seconds, steps=steps)
-        return AttackOutcome(attack, "ran", _why(attack, record), leakage, seconds, steps)
+            return AttackOutcome(attack, "refused", why + cut, seconds=seconds, steps=steps)
+        return AttackOutcome(attack, "ran", _why(attack, record) + cut, leakage, seconds, steps)
+
+    def _run(self, cell: Cell, inputs: int) -> tuple[Record, int]:
+        """Attack the cell's updates one more at a time while the budget lasts (the first
+        always): its record over the updates done, and their number. An attack's time is
+        checked between updates, so the budget is overrun by one update at most."""
+        store = self.database.cell_results(cell, "cpu")
+        record = runner.run(cell.config, limit=1, store=store)
+        done = 1
+        while done < inputs and self.left > 0:
+            done += 1
+            record = runner.run(
+                cell.config, limit=done, store=self.database.cell_results(cell, "cpu")
+            )
+        return record, done
 
     def _stored(self, config: RunConfig) -> bool:
         """Whether an earlier audit finished this run already (it costs nothing now)."""
