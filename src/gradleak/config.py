@@ -23,6 +23,7 @@ from pydantic import (
 from gradleak.attacks import ATTACKS
 from gradleak.attacks.base import AttackSettings
 from gradleak.defenses import DEFENSES, DefenseSettings, parse_defenses
+from gradleak.errors import GradleakError
 from gradleak.federated.protocol import Protocol
 
 # Options of an attack that a release retired: a stored record naming one still loads.
@@ -128,12 +129,15 @@ class Scenario(BaseModel):
     @field_validator("defenses", mode="before")
     @classmethod
     def _defense_specs(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = parse_defenses(value)
-        return tuple(
-            DEFENSES.settings(item) if not isinstance(item, DefenseSettings) else item
-            for item in value
-        )
+        try:
+            if isinstance(value, str):
+                value = parse_defenses(value)
+            return tuple(
+                DEFENSES.settings(item) if not isinstance(item, DefenseSettings) else item
+                for item in value
+            )
+        except GradleakError as exc:  # an unknown defense or bad parameters: the field's error
+            raise ValueError(str(exc)) from None
 
 
 class RunConfig(BaseModel):

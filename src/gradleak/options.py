@@ -322,7 +322,8 @@ def _option_error(
     by_path = {o.path: o for o in table.values()}
     where = next((by_path[path[:n]] for n in range(len(path), 0, -1) if path[:n] in by_path), None)
     name = where.flag if where else ".".join(path)
-    return OptionError(f"invalid {name}: {first['msg']}", option=where.key if where else None)
+    message = first["msg"].removeprefix("Value error, ")
+    return OptionError(f"invalid {name}: {message}", option=where.key if where else None)
 
 
 def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilitySettings]:
