@@ -43,8 +43,9 @@ format: install-dev
 # installs it). Needs root or sudo and Debian's package index.
 browser:
 	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; \
-	  else sudo apt-get install -y -q chromium; fi; }
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get install -y -q chromium || \
+	  { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }; }
 
 # `--model smollm2` and LAMP's default prior need it (`make test` installs it too).
 smollm2: install
