@@ -353,3 +353,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "fixed.stepz: not an option" in result.output
     missing = cli.invoke(app, ["export", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "holds no experiment results" in missing.output
+
+
+def test_estimates_scale_with_steps_and_batch_then_follow_measurements():
+    from gradleak.experiments.database import CellStatus
+    from gradleak.experiments.estimate import duration, estimate
+
+    def cost(**options):
+        return estimate(config_from_options({"model": "minilm", **options}), None)
+
+    lamp, half = cost(attack="lamp-cos"), cost(attack="lamp-cos", steps=1000)
+    assert lamp.remaining == 1 and not lamp.measured
+    assert 1.8 < lamp.seconds / half.seconds < 2.1  # steps and discrete rounds both halve
+    assert cost(attack="tag", batch_size=4).seconds > 2 * cost(attack="tag").seconds
+    assert cost(attack="dager").seconds < 0.01 * lamp.seconds
+    config = config_from_options({"model": "minilm", "attack": "tag", "n_inputs": 5})
+    status = CellStatus("k", "c", {}, 5, done=2, failed=0, attack_s=30.0, device="cpu",
+                        finished=False)  # fmt: skip
+    measured = estimate(config, status)
+    assert (measured.remaining, measured.seconds, measured.measured) == (3, 45.0, True)
+    assert [duration(s) for s in (45, 600, 7200)] == ["45 s", "10 min", "2.0 h"]
