@@ -353,6 +353,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "fixed.stepz: not an option" in result.output
     missing = cli.invoke(app, ["export", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "holds no experiment results" in missing.output
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "results.sqlite").write_text("not a database")
+    junk = cli.invoke(app, ["export", str(tmp_path / "junk")], env={"COLUMNS": "200"})
+    assert junk.exit_code == 2 and "(file is not a database)" in junk.output
 
 
 def test_estimates_scale_with_steps_and_batch_then_follow_measurements():

@@ -77,16 +77,23 @@ class ExperimentDatabase:
                 f"{self.folder} holds no experiment results ({FILE_NAME}): give the folder a "
                 "`gradleak run` wrote (its --out)"
             )
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute("PRAGMA synchronous=NORMAL")
-        self._connection.execute("PRAGMA busy_timeout=60000")
-        with self._write() as db:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=NORMAL")
+            self._connection.execute("PRAGMA busy_timeout=60000")
+            with self._write() as db:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                version_row = (str(SCHEMA_VERSION),)
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", version_row)
+        except (OSError, sqlite3.Error) as exc:
+            raise GradleakError(
+                f"cannot use {self.path} as a results database ({exc}): choose a folder you "
+                "can write (--out), or move away a file that is not one"
+            ) from None
         version = self.meta("schema")
         if version != str(SCHEMA_VERSION):
             raise GradleakError(
