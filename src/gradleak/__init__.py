@@ -10,6 +10,16 @@ The public API (``gradleak attack`` is made of it)::
     found = gradleak.invert(update, model, tokenizer, "dager")
     gradleak.score(["a private note"], found.texts).strict.exact_match
 
+Grids of runs, their reports and a practitioner's audit are submodules (``gradleak run``,
+``gradleak report``, ``gradleak audit`` are made of them)::
+
+    from gradleak.experiments import run_experiment
+    from gradleak.reports import write_report
+    from gradleak.audit import run_audit
+
+    write_report(run_experiment("configs/papers/dager-encoder.yaml").folder)
+    print(run_audit("configs/audit/demo.yaml", budget_s=600).verdict)
+
 Your own attack or defense subclasses ``Attack`` or ``Defense`` (``gradleak.defenses`` has
 the stage classes) and is registered with ``register_attack`` / ``register_defense``, or, from
 an installed package, through the entry points ``gradleak.attacks`` / ``gradleak.defenses``.
