@@ -58,7 +58,7 @@ clean:
 # and the modules an attack or defense of one's own builds on; a pdoc warning (a docstring or
 # annotation it cannot read) fails the build.
 DOC_MODULES := gradleak gradleak.attacks gradleak.defenses gradleak.federated.client \
-	gradleak.federated.server
+	gradleak.federated.server gradleak.experiments gradleak.reports gradleak.audit
 docs: install
 	$(BIN)/pip install --quiet -e ".[docs]"
 	rm -rf docs/api
