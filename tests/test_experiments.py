@@ -229,6 +229,20 @@ def test_limit_leaves_cells_part_way_and_plan_counts_what_is_left(tmp_path):
     assert all(len(r.samples) == 3 for r in finished.records.values())
 
 
+def test_an_interrupted_grid_lists_the_cells_still_to_run(tmp_path, monkeypatch):
+    import gradleak.runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gradleak.runner, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(fast_experiment(tmp_path), tmp_path / "run")
+    with ExperimentDatabase(tmp_path / "run", create=False) as db:
+        assert [(s.name, s.done, s.wanted) for s in db.statuses()] == [
+            ("batch_size=1", 0, 2), ("batch_size=2", 0, 2)]  # fmt: skip
+
+
 def test_a_failing_cell_is_reported_and_the_grid_goes_on(tmp_path):
     # the built-in demo holds fewer sentences than 50 batches of 2 need
     path = write(

@@ -167,6 +167,8 @@ def run_experiment(
         database.set_meta("description", experiment.file.spec.description)
         if experiment.published is not None:
             database.set_meta("published", experiment.published.model_dump_json())
+        for cell in experiment.cells:  # every planned cell, so a report shows what is to come
+            database.cell_results(cell, device).start()
         run_cells(experiment.cells, database, result, workers=workers, device=device,
                   limit=limit, progress=progress)  # fmt: skip
     result.seconds = time.perf_counter() - started
