@@ -26,7 +26,7 @@ from gradleak.experiments.estimate import START_SECONDS, estimate
 from gradleak.experiments.grid import Cell
 from gradleak.options import attack_defaults, config_from_options
 from gradleak.record import Record
-from gradleak.reports.highlight import _norm
+from gradleak.reports.highlight import normalized
 
 # The attacks an audit tries, cheapest first: DAGER is exact where it applies and takes
 # seconds; LAMP_cos and TAG are the strongest optimization attacks on short text.
@@ -154,11 +154,11 @@ def leakage_of(record: Record, sensitive: list[str]) -> Leakage | None:
         for k, reference in enumerate(sample.reference):
             match = sample.matching[k]
             prediction = sample.prediction[match] if match is not None else ""
-            recovered = {_norm(w) for w in prediction.split()}
+            recovered = {normalized(w) for w in prediction.split()}
             for word in reference.split():
-                if _norm(word) and any(p.search(word) for p in patterns):
+                if normalized(word) and any(p.search(word) for p in patterns):
                     total += 1
-                    if _norm(word) in recovered:
+                    if normalized(word) in recovered:
                         found.append(word)
     return Leakage(strict.exact_match, strict.rouge1, strict.rouge2, found, total)
 

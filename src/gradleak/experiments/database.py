@@ -139,15 +139,18 @@ class ExperimentDatabase:
         """The store a run of ``cell`` on ``device`` reads and writes (``runner.run``'s)."""
         return CellResults(self, cell, device)
 
-    def statuses(self) -> list[CellStatus]:
-        """Every cell the database has seen, in the order they were first run."""
+    def statuses(self, key: str | None = None) -> list[CellStatus]:
+        """Every cell the database has seen (or the one keyed ``key``), in the order they
+        were first run."""
         rows = self._connection.execute(
             """SELECT c.key, c.name, c.labels, c.wanted, c.device, c.record IS NOT NULL,
                       COUNT(s.idx),
                       COALESCE(SUM(json_extract(s.sample, '$.error') IS NOT NULL), 0),
                       COALESCE(SUM(json_extract(s.sample, '$.attack_s')), 0.0)
                FROM cells c LEFT JOIN samples s ON s.cell = c.key
-               GROUP BY c.key ORDER BY c.started, c.rowid"""
+               WHERE ? IS NULL OR c.key = ?
+               GROUP BY c.key ORDER BY c.started, c.rowid""",
+            (key, key),
         ).fetchall()
         return [
             CellStatus(key, name, json.loads(labels), wanted, done, failed, attack_s, device,
@@ -156,8 +159,8 @@ class ExperimentDatabase:
         ]  # fmt: skip
 
     def status(self, cell: Cell) -> CellStatus | None:
-        key = cell_key(cell)
-        return next((s for s in self.statuses() if s.key == key), None)
+        found = self.statuses(cell_key(cell))
+        return found[0] if found else None
 
     def record(self, name_or_key: str) -> Record | None:
         """A finished cell's record (by name or key): the shape ``gradleak attack --out``

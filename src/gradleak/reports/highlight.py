@@ -19,7 +19,8 @@ class Word:
     mark: str
 
 
-def _norm(word: str) -> str:
+def normalized(word: str) -> str:
+    """A word as compared: its letters and digits, lower-cased."""
     return _NOT_WORD.sub("", word.lower())
 
 
@@ -31,8 +32,8 @@ def _bigrams(words: list[str]) -> set[tuple[str, str]]:
 def marked(text: str, other: str) -> list[Word]:
     """The words of ``text`` (split on spaces), each marked by what ``other`` shares with it."""
     written = text.split()
-    norms = [_norm(w) for w in written]
-    other_norms = [_norm(w) for w in other.split()]
+    norms = [normalized(w) for w in written]
+    other_norms = [normalized(w) for w in other.split()]
     other_words, other_pairs = set(filter(None, other_norms)), _bigrams(other_norms)
     kept = [i for i, n in enumerate(norms) if n]  # positions of real words, in order
     in_pair: set[int] = set()
