@@ -1,14 +1,17 @@
-"""Benchmark cells: each is one gradleak run (its options, as ``gradleak attack`` takes them),
-stored and resumed like any run.
+"""Benchmark cells: each is one gradleak run (its options, as ``gradleak attack`` takes them).
 
-A cell's record goes to ``<out>/<suite>/<cell>.json``; an interrupted suite resumes where it
-stopped, cell by cell and, inside a cell, input by input.
+A suite is an experiment made in code: its cells run through the same runner and into the
+same results database as ``gradleak run EXPERIMENT.yaml`` (``<out>/<suite>/results.sqlite``,
+which ``gradleak report`` and ``gradleak export`` read). A suite resumes input by input, and
+a cell another suite has already run (LAMP_cos on CoLA B=1 is in several tables) is copied,
+not run again. Records that earlier versions of these benchmarks kept as files
+(``<suite>/<cell>.json``, ``<cell>.json.partial.jsonl``) are taken into the database the
+first time a suite meets them; the files stay as they were.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +20,15 @@ from report import write_results
 
 from gradleak import runner
 from gradleak.config import RunConfig
-from gradleak.options import config_from_options
+from gradleak.errors import GradleakError
+from gradleak.experiments.database import FILE_NAME, ExperimentDatabase
+from gradleak.experiments.execute import ExperimentRun, run_cells
+from gradleak.experiments.grid import Cell, named_cells
 from gradleak.store import ResultStore
 
 DATASETS = ("cola", "sst2", "rotten_tomatoes")
 
-Cell = tuple[str, dict[str, Any]]  # (name, options of `gradleak attack`)
+NamedOptions = tuple[str, dict[str, Any]]  # (name, options of `gradleak attack`)
 
 
 def cell(
@@ -47,135 +53,158 @@ def cell(
 def run_suite(
     out_dir: Path,
     suite: str,
-    cells: list[Cell],
+    named: list[NamedOptions],
     only: str | None = None,
     report: bool = False,
     limit: int | None = None,
     workers: int = 1,
     device: str = "cpu",
+    description: str = "",
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
-    ``report`` runs nothing: the table is rebuilt from the cells already finished (those
-    matching ``only``). A run with ``only`` still writes the whole table: the cells it skipped
-    show their stored results, so filling a suite a few cells at a time loses no rows. ``limit``
-    runs each cell's first ``limit`` inputs only; the cells stay part-way and resume later.
-    ``workers`` attack that many inputs of a cell at once (see ``runner.run``); ``device`` is
-    where they compute (each record names it)."""
-    chosen = [c for c in cells if only is None or only in c[0]]
+    ``report`` runs nothing: the table is rebuilt from what the database holds. The table
+    always lists every cell of the suite that has results, so filling a suite a few cells at
+    a time loses no rows. ``limit`` runs each cell's first ``limit`` inputs only; the cells
+    stay part-way and resume later. ``workers`` attack that many inputs of a cell at once
+    (see ``runner.run``); ``device`` is where they compute (each record names it)."""
+    cells = named_cells(named)
+    chosen = [c for c in cells if only is None or only in c.name]
     started = time.perf_counter()
-    if report:
-        rows = finished_rows(out_dir, suite, chosen)
-        wanted = {name: fields["n_inputs"] for name, fields in chosen}
-        partial = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
-        notes = (
-            f"Rebuilt from stored results: {len(rows) - partial} of {len(chosen)} cells "
-            f"finished, {partial} part-way (see inputs). s/batch is as measured by each run; the "
-            "machine line below describes the process that wrote this table."
-        )
-    else:
-        ran = {
-            row["cell"]: row for row in run_cells(out_dir, suite, chosen, limit, workers, device)
-        }
-        skipped = [c for c in cells if c[0] not in ran]
-        stored = {row["cell"]: row for row in finished_rows(out_dir, suite, skipped)}
-        known = stored | ran
-        rows = [known[name] for name, _ in cells if name in known]  # in the suite's order
-        notes = f"{len(ran)} of {len(cells)} cells run now" + (
-            f", at most the first {limit} inputs of each so far (see inputs)" if limit else ""
-        )
-        if stored:
-            notes += f"; {len(stored)} more from stored results, as they were"
-        notes += "."
+    with ExperimentDatabase(out_dir / suite) as database:
+        database.set_meta("name", suite)
+        database.set_meta("description", description)
+        for one in chosen:
+            adopt_earlier_results(database, out_dir, one)
+        ran = [] if report else [run_cell(database, one, limit, workers, device) for one in chosen]
+        rows = [row for one in cells if (row := cell_row(database, one)) is not None]
+    wanted = {one.name: one.config.scenario.data.n_inputs for one in cells}
+    part_way = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
+    notes = (
+        f"{len(ran)} of {len(cells)} cells run now; {len(rows) - part_way} finished, "
+        f"{part_way} part-way (see inputs), {len(cells) - len(rows)} not begun. s/batch is as "
+        "measured by each run; the machine line below describes the process that wrote this "
+        "table."
+    )
     for path in write_results(out_dir, suite, rows, started, notes=notes):
         print(f"wrote {path}")
 
 
-def finished_rows(out_dir: Path, suite: str, cells: list[Cell]) -> list[dict[str, Any]]:
-    """Summary rows of the cells whose records are complete for their current config, and of
-    cells interrupted part-way (their ``inputs`` column says how many are done)."""
-    rows = []
-    for name, fields in cells:
-        config = config_from_options(fields)
-        path = out_dir / suite / f"{name}.json"
-        path = _twin(out_dir, path, config) or path
-        record = _finished(path, config)
-        if record is None:
-            record = _unfinished(path, config)
-        if record is not None:
-            rows.append(_row(name, record))
-    return rows
+def run_cell(
+    database: ExperimentDatabase, one: Cell, limit: int | None, workers: int, device: str
+) -> str:
+    """Run one cell (nothing when it is finished) and print its row; return its name."""
+    started = time.perf_counter()
+    result = ExperimentRun(database.folder)
+    run_cells([one], database, result, workers=workers, device=device, limit=limit)
+    if one.name in result.errors:
+        print(f"{one.name}: {result.errors[one.name]}", flush=True)
+    else:
+        print(cell_row(database, one), f"({time.perf_counter() - started:.0f} s)", flush=True)
+    return one.name
+
+
+def cell_row(database: ExperimentDatabase, one: Cell) -> dict[str, Any] | None:
+    """The cell's line in its suite's table (scored over its finished inputs when it is
+    part-way), or None when it has none."""
+    status = database.status(one)
+    if status is None or status.done == 0:
+        return None
+    record = database.record(status.key) if status.finished else None
+    if record is not None:
+        return _row(one.name, record.to_json())
+    samples = list(database.samples(status.key).values())
+    return _row(one.name, _summary(samples))
+
+
+def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Part-way stored samples summarized like a record."""
+    return {
+        "samples": samples,
+        "metrics": runner.summarize(samples),
+        "timing": {
+            "attack_s": sum(s.get("attack_s") or 0.0 for s in samples),
+            "update_s": sum(s.get("update_s") or 0.0 for s in samples),
+        },
+        "failed_inputs": [s["index"] for s in samples if "error" in s],
+    }
+
+
+# --- results kept before the database, or by another suite ---------------------------------
+
+Found = tuple[list[dict[str, Any]], dict[str, Any] | None, str]  # samples, record, device
+
+
+def adopt_earlier_results(database: ExperimentDatabase, out_dir: Path, one: Cell) -> None:
+    """Give a cell the database holds nothing of what exists of it elsewhere: its own
+    record or partial file from before the database, or else the same run in another
+    suite's database or files (a finished one first, else the one that got furthest)."""
+    status = database.status(one)
+    if status is not None and status.done > 0:
+        return
+    found = _own_files(database.folder, one) or _twin(database, out_dir, one)
+    if found is not None:
+        samples, record, device = found
+        database.cell_results(one, device).adopt(samples, record)
+
+
+def _own_files(folder: Path, one: Cell) -> Found | None:
+    """The cell's record, or its interrupted run, as files named after it."""
+    path = folder / f"{one.name}.json"
+    return _record_file(path, one.config) or _partial_file(_partial(path), one.config)
+
+
+def _twin(database: ExperimentDatabase, out_dir: Path, one: Cell) -> Found | None:
+    """The same run in another suite's database or files."""
+    found: list[Found] = []
+    for other in sorted(out_dir.glob(f"*/{FILE_NAME}")):
+        if other.parent.resolve() == database.folder.resolve():
+            continue
+        with ExperimentDatabase(other.parent, create=False) as twin:
+            status = twin.status(one)
+            if status is not None and status.done > 0:
+                record = twin.record(status.key) if status.finished else None
+                samples = list(twin.samples(status.key).values())
+                found.append((samples, record and record.to_json(), status.device))
+    for path in sorted(out_dir.glob("*/*.json")):
+        if path.parent.resolve() != database.folder.resolve():
+            found.append(_record_file(path, one.config))
+            found.append(_partial_file(_partial(path), one.config))
+    hits = [f for f in found if f is not None]
+    return max(hits, key=lambda f: (f[1] is not None, len(f[0])), default=None)
 
 
 def _partial(path: Path) -> Path:
     return path.with_name(path.name + ".partial.jsonl")
 
 
-def _twin(out_dir: Path, path: Path, config: RunConfig) -> Path | None:
-    """Another suite's run of the same config, for a cell that has none of its own (LAMP_cos
-    on CoLA B=1 is a cell of the main table, the ablation and the dropout table): the path of
-    its finished record, or else of its interrupted run."""
-    if path.exists() or _partial(path).exists():
+def _record_file(path: Path, config: RunConfig) -> Found | None:
+    """A finished record of ``config`` at ``path``. Its public samples stand in for the
+    stored ones, which a finished run's files no longer hold."""
+    if not path.is_file():
         return None
-    for other in sorted(out_dir.glob("*/*.json")):
-        if other != path and _finished(other, config) is not None:
-            return other
-    for other in sorted(out_dir.glob("*/*.json.partial.jsonl")):
-        with other.open(encoding="utf-8") as handle:
-            header = json.loads(handle.readline() or "{}")
-        if header.get("config") == config.identity():
-            return other.with_name(other.name.removesuffix(".partial.jsonl"))
-    return None
-
-
-def _adopt(out_dir: Path, path: Path, config: RunConfig) -> None:
-    """Start a new cell from its twin's record, or resume from the inputs its twin finished."""
-    twin = _twin(out_dir, path, config)
-    if twin is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if twin.exists() and _finished(twin, config) is not None:
-        shutil.copyfile(twin, path)
-    else:
-        shutil.copyfile(_partial(twin), _partial(path))
-
-
-def _unfinished(path: Path, config: RunConfig) -> dict[str, Any] | None:
-    """What an interrupted run of ``config`` has finished, summarized like a record."""
-    samples = list(ResultStore(path, config.identity()).load_finished().values())
-    if not samples:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        same = RunConfig.identity_of(record["config"]) == config.identity()
+    except (ValueError, KeyError, TypeError, GradleakError):  # a suite's table, not a record
         return None
-    return {
-        "samples": samples,
-        "metrics": runner.summarize(samples),
-        "timing": {"attack_s": sum(s["attack_s"] for s in samples)},
-        "failed_inputs": [s["index"] for s in samples if "error" in s],
-    }
+    return (record["samples"], record, record.get("device", "cpu")) if same else None
 
 
-def run_cells(
-    out_dir: Path,
-    suite: str,
-    cells: list[Cell],
-    limit: int | None = None,
-    workers: int = 1,
-    device: str = "cpu",
-) -> list[dict[str, Any]]:
-    """Run every cell (skipping finished ones; at most ``limit`` inputs of each) and return
-    one summary row per cell."""
-    rows = []
-    for name, fields in cells:
-        path = out_dir / suite / f"{name}.json"
-        started = time.perf_counter()
-        config = config_from_options(fields)
-        _adopt(out_dir, path, config)
-        record = _finished(path, config)
-        if record is None:
-            run = runner.run(config, out=str(path), limit=limit, workers=workers, device=device)
-            record = run.to_json()
-        rows.append(_row(name, record))
-        print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
-    return rows
+def _partial_file(path: Path, config: RunConfig) -> Found | None:
+    """The finished inputs of an interrupted run of ``config`` at ``path``."""
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as handle:
+        header = json.loads(handle.readline() or "{}")
+    device = header.get("device", "cpu")
+    store = ResultStore(path.with_name(path.name.removesuffix(".partial.jsonl")),
+                        config.identity(), device)  # fmt: skip
+    try:
+        samples = list(store.load_finished().values())
+    except GradleakError:  # another config's run
+        return None
+    return (samples, None, device) if samples else None
 
 
 def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -208,22 +237,3 @@ def _epsilon(samples: list[dict[str, Any]]) -> dict[str, Any]:
         if privacy:
             return {"epsilon": privacy.get("epsilon")}
     return {}
-
-
-def _finished(path: Path, config: RunConfig) -> dict[str, Any] | None:
-    """The cell's record if an earlier run of the same config completed it (wherever its data
-    folder was: a run's identity leaves it out)."""
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    stored = RunConfig.identity_of(record.get("config", {}))
-    same = _without_unset(stored) == _without_unset(config.identity())
-    return record if same else None
-
-
-def _without_unset(value: Any) -> Any:
-    """A config without its None (default) entries: an option added after a record was
-    written, left at its default, does not make the record stale."""
-    if isinstance(value, dict):
-        return {k: _without_unset(v) for k, v in value.items() if v is not None}
-    return value

@@ -54,7 +54,10 @@ Benchmark data comes from --data-dir (or $GRADLEAK_DATA_DIR) in LAMP's input ord
 --limit N fills a table N inputs per cell at a time: the cells stay part-way, --report shows
 them, and the next call resumes each cell where it stopped.
 
-Results go to ``benchmarks/results/<suite>.json`` and ``.md`` (ignored by git).
+Tables go to ``benchmarks/results/<suite>.json`` and ``.md`` (ignored by git). The cell suites
+keep their runs in ``benchmarks/results/<suite>/results.sqlite``, an experiment's results
+database: ``gradleak report benchmarks/results/<suite>`` renders a suite as it renders a
+declared experiment, and ``gradleak export`` writes any cell's record.
 """
 
 from __future__ import annotations
@@ -162,7 +165,9 @@ def main() -> None:
             if steps:
                 cells = [(name, with_steps(fields, steps)) for name, fields in cells]
             report = args.report or args.utility_only
-            run_suite(out, suite, cells, args.only, report, args.limit, args.workers, args.device)
+            about = " ".join((CELL_SUITES[suite].__doc__ or "").split())
+            run_suite(out, suite, cells, args.only, report, args.limit, args.workers, args.device,
+                      description=about)  # fmt: skip
             fine_tune = args.only is None and args.limit is None and not args.skip_utility
             if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)

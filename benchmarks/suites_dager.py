@@ -3,7 +3,7 @@ Wang & Li's realistic dropout client). DAGER attacks with unknown lengths, as in
 
 from __future__ import annotations
 
-from cells import DATASETS, Cell, cell
+from cells import DATASETS, NamedOptions, cell
 
 
 def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | None, **options):
@@ -14,7 +14,7 @@ def _dager(model: str, dataset: str, batch: int, batches: int, data_dir: str | N
     )
 
 
-def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
+def dager_decoder(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """SmolLM2 in train mode (it has no dropout), classification and next-token prediction."""
     cells = [
         (f"smollm2-{task}-{ds}-B{b}", _dager("smollm2", ds, b, batches, data_dir, task=task))
@@ -34,7 +34,7 @@ def dager_decoder(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
+def dager_encoder(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """MiniLM with an eval-mode client (DAGER's BERT setting)."""
     cells = [
         (
@@ -47,13 +47,13 @@ def dager_encoder(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
+def dager_fedavg(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """How far exactness survives several local steps on CoLA B=16: E x lr, then local
     mini-batches b (one epoch of 16 / b steps, lr 1e-4), DAGER's ablation shapes, for a
     float32 client (as clients run) and a float64 one (``-f64``: DAGER's table, whose delta
     carries no float32 rounding), then float32 clients at the rates users train with."""
 
-    def fedavg(name: str, **options) -> Cell:
+    def fedavg(name: str, **options) -> NamedOptions:
         return name, _dager("smollm2", "cola", 16, batches, data_dir, protocol="fedavg", **options)
 
     cells = [
@@ -79,7 +79,7 @@ def dager_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def dager_lora(batches: int, data_dir: str | None) -> list[Cell]:
+def dager_lora(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LoRA from its usual zero-initialized B: only B's gradient moves, and its rows are
     combinations of ``A x``, so the span can separate at most ``rank - 1`` tokens. Rank 256
     (DAGER's own LoRA setting) shows the check at work on whole batches."""
@@ -94,7 +94,7 @@ def dager_lora(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def dager_dropout(batches: int, data_dir: str | None) -> list[Cell]:
+def dager_dropout(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """MiniLM's real train mode (dropout 0.1) against the eval-mode shortcut."""
     cells = [
         (

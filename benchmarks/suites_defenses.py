@@ -3,7 +3,7 @@ over K clients). The attacks see the defense as public knowledge, as a server wo
 
 from __future__ import annotations
 
-from cells import Cell, cell
+from cells import NamedOptions, cell
 from utility_cells import UtilityCell, utility_cell
 
 # The defense settings of each table, by the label its cells end with.
@@ -16,7 +16,7 @@ DPSGD = {f"dp{sigma:g}": f"dpsgd:clip=1.0,sigma={sigma},delta=1e-5"
 
 def _cola_grid(
     batches: int, data_dir: str | None, defenses: dict[str, str], attacks: tuple[str, ...]
-) -> list[Cell]:
+) -> list[NamedOptions]:
     """Each attack under each defense setting, MiniLM, CoLA B=1, eval-mode client (DAGER
     without known lengths); cells named ``ATTACK-cola-LABEL``."""
     cells = []
@@ -31,14 +31,14 @@ def _cola_grid(
     return cells
 
 
-def defense_noise(batches: int, data_dir: str | None) -> list[Cell]:
+def defense_noise(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LAMP Table 5: Gaussian noise of sigma 0.001-0.01 on the gradient, MiniLM (LAMP's
     BERT-base stand-in), CoLA B=1, eval-mode client; TAG, both LAMPs and DAGER (LAMP's table
     has DLG too, which trails TAG everywhere; left out to keep the suite within an hour)."""
     return _cola_grid(batches, data_dir, NOISE, ("tag", "lamp-cos", "lamp-l2l1", "dager"))
 
 
-def defense_secagg(batches: int, data_dir: str | None) -> list[Cell]:
+def defense_secagg(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Secure aggregation of K clients' FedSGD gradients (K = 1, 2, 4, 8, one CoLA sentence
     each): LAMP_cos on MiniLM (eval mode) and DAGER on SmolLM2 (train mode, unknown
     lengths); every client's sentence counts as private text to recover."""
@@ -53,7 +53,7 @@ def defense_secagg(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def defense_compression(batches: int, data_dir: str | None) -> list[Cell]:
+def defense_compression(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Wu et al. Table 2's defenses without LTI: none, sign compression, top-k pruning at
     keep 0.01 (their pruning rate 0.99), noise 0.01; TAG and LAMP_cos with the adapted losses
     the public defense calls for, and DAGER. MiniLM, CoLA B=1, eval-mode client (Wu et al.
@@ -61,7 +61,7 @@ def defense_compression(batches: int, data_dir: str | None) -> list[Cell]:
     return _cola_grid(batches, data_dir, COMPRESSION, ("tag", "lamp-cos", "dager"))
 
 
-def defense_dpsgd(batches: int, data_dir: str | None) -> list[Cell]:
+def defense_dpsgd(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Li, Xu & Dras Table 2: DP-SGD (clip 1) at noise multipliers 0-0.5 on MiniLM, SST-2 B=1
     (delta 1e-5: 1/N of a one-example client is 1, where epsilon is infinite); LAMP_cos on
     the full update and on layer 3's q alone (each tensor normalized), TAG, and DAGER.

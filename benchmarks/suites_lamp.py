@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cells import DATASETS, Cell, cell
+from cells import DATASETS, NamedOptions, cell
 
 OPTIMIZATION_ATTACKS = ("dlg", "tag", "lamp-cos", "lamp-l2l1")
 
@@ -18,7 +18,7 @@ def _minilm(
     return cell("minilm", dataset, batch, batches, data_dir, attack=attack, **options)
 
 
-def lamp_main(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_main(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LAMP Table 1: the four attacks on the three datasets, B=1, eval-mode client."""
     cells = [
         (f"{attack}-{ds}-B1", _minilm(ds, 1, batches, data_dir, attack))
@@ -28,7 +28,7 @@ def lamp_main(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lamp_batch(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_batch(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LAMP Table 2: batch sizes 1, 2, 4 on CoLA."""
     cells = [
         (f"{attack}-cola-B{b}", _minilm("cola", b, batches, data_dir, attack))
@@ -38,7 +38,7 @@ def lamp_batch(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lamp_ablation(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_ablation(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LAMP Table 4: LAMP_cos without the LM prior, the regularizer or the discrete steps."""
     variants = {
         "full": {},
@@ -56,7 +56,7 @@ def lamp_ablation(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lamp_dropout(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_dropout(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Wang & Li Tables II/III: LAMP_cos in EVAL, TRAIN and TRAIN_EVAL at dropout 0/0.1/0.3."""
     cells = [("lamp-cos-cola-EVAL", _minilm("cola", 1, batches, data_dir, "lamp-cos"))]
     for dropout in (0.0, 0.1, 0.3):
@@ -73,7 +73,7 @@ def lamp_dropout(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lamp_partial(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_partial(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Li, Xu & Dras Table 3: the client shares all layers, one middle layer, or one module of
     that layer; LAMP_cos matches what is shared, each tensor normalized (their eq. 1-4)."""
     shares = {"all": "all", "L3": "3.qkvofp", **{f"L3-{m}": f"3.{m}" for m in "qkvofp"}}
@@ -90,7 +90,7 @@ def lamp_partial(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lamp_fedavg(batches: int, data_dir: str | None) -> list[Cell]:
+def lamp_fedavg(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Wang & Li Table IV: a FedSGD gradient vs FedAvg weight deltas (2 samples per client,
     E local epochs of batch b, SGD lr 5e-5), matched as a pseudo-gradient or by simulating
     the round (eq. 12-14), with full fine-tuning and with LoRA (r 32, alpha 64)."""

@@ -9,7 +9,7 @@ table says so).
 
 from __future__ import annotations
 
-from cells import Cell, cell
+from cells import NamedOptions, cell
 from suites_defenses import COMPRESSION
 
 # Wu et al.'s victim and samples: 16-token WikiText chunks, the test split private (the
@@ -35,7 +35,7 @@ AUX_SIZES = (1000, 5000, None)  # None: the whole validation split
 BATCH_SIZES = (2, 4)
 
 
-def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
+def lti_table2(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """Wu et al. Table 2: TAG (the public defense's adapted loss), LTI and LTI-P under no
     defense, sign compression, pruning keep 0.01 and Gaussian noise 0.01 on lti-lm. ``batches``
     sets the learned attacks' inputs (default 200); TAG runs 10 at 500 steps."""
@@ -53,7 +53,7 @@ def lti_table2(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lti_aux(batches: int, data_dir: str | None) -> list[Cell]:
+def lti_aux(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LTI under sign compression with 1k, 5k and all auxiliary chunks (WikiText-2
     validation, 16,248 chunks of SmolLM2's tokens)."""
     cells = []
@@ -67,7 +67,7 @@ def lti_aux(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lti_vs_lamp(batches: int, data_dir: str | None) -> list[Cell]:
+def lti_vs_lamp(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LTI-P against LAMP_cos and DAGER on MiniLM, CoLA B=1, eval- and train-mode clients,
     undefended and under each of Table 2's defenses. LTI-P hashes 1% of MiniLM's 22.7M
     coordinates (Wu et al.'s choice for BERT on CoLA). A learned model predicts one length,
@@ -88,7 +88,7 @@ def lti_vs_lamp(batches: int, data_dir: str | None) -> list[Cell]:
     return cells
 
 
-def lti_batch(batches: int, data_dir: str | None) -> list[Cell]:
+def lti_batch(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LTI-P on Table 2's setting with B = 2 and 4 chunks per update, undefended and under sign
     compression, at Table 2's training budget in steps (B = 1 is Table 2's row). The model
     predicts B x 16 tokens; training and scoring match rows one-to-one."""
@@ -99,7 +99,7 @@ def lti_batch(batches: int, data_dir: str | None) -> list[Cell]:
     ]
 
 
-def lti_budget(batches: int, data_dir: str | None) -> list[Cell]:
+def lti_budget(batches: int, data_dir: str | None) -> list[NamedOptions]:
     """LTI-P undefended and under sign compression on Table 2's setting at four times its
     training budget (3000 steps of 64 updates, several hours on a CPU core): what the
     60-minute budget leaves on the table. The job snapshots every 100 steps and resumes."""

@@ -218,6 +218,53 @@ def test_run_stores_each_cell_and_resumes_without_rerunning(tmp_path, monkeypatc
     assert again.records["batch_size=2"].samples == stored.samples
 
 
+def test_a_finished_cell_is_not_prepared_again(tmp_path, monkeypatch):
+    path, out = fast_experiment(tmp_path), tmp_path / "run"
+    first = run_experiment(path, out)
+    import gradleak.runner
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a finished cell was run again")
+
+    monkeypatch.setattr(gradleak.runner, "run", no_run)
+    again = run_experiment(path, out)
+    assert {k: r.to_json() for k, r in again.records.items()} == {
+        k: r.to_json() for k, r in first.records.items()
+    }
+
+
+def test_cells_keep_their_results_when_their_key_is_derived_anew(tmp_path):
+    """A later gradleak may derive a config's identity differently (an option added with
+    its default): opening the database re-keys each cell from the config it stored."""
+    path, out = fast_experiment(tmp_path), tmp_path / "run"
+    run_experiment(path, out)
+    with sqlite3.connect(out / "results.sqlite") as db:  # as an older version keyed them
+        db.execute("UPDATE cells SET key = 'old-' || key")
+        db.execute("UPDATE samples SET cell = 'old-' || cell")
+    with ExperimentDatabase(out, create=False) as db:
+        cell = load_experiment(path).cells[0]
+        status = db.status(cell)
+        assert (status.name, status.done, status.finished) == ("batch_size=1", 2, True)
+        assert len(db.samples(status.key)) == 2
+
+
+def test_a_single_runs_record_adopted_into_a_database_reads_back_the_same(tmp_path):
+    """The benchmark suites take in records their earlier versions kept as files."""
+    from gradleak.experiments.grid import named_cells
+    from gradleak.runner import run
+
+    options = {**FAST, "n_inputs": 2, "batch_size": 1}
+    named = named_cells([("one", options), ("two", {**options, "batch_size": 2})])
+    assert [c.labels for c in named] == [{"batch_size": 1}, {"batch_size": 2}]
+    record = run(named[0].config, out=str(tmp_path / "one.json")).to_json()
+    with ExperimentDatabase(tmp_path / "suite") as db:
+        db.cell_results(named[0], "cpu").adopt(record["samples"], record)
+        status = db.status(named[0])
+        assert (status.done, status.finished, status.device) == (2, True, "cpu")
+        assert db.record("one").to_json() == Record.model_validate(record).to_json()
+        assert db.status(named[1]) is None
+
+
 def test_limit_leaves_cells_part_way_and_plan_counts_what_is_left(tmp_path):
     path, out = fast_experiment(tmp_path, n_inputs=3), tmp_path / "run"
     result = run_experiment(path, out, limit=1)

@@ -6,7 +6,9 @@ transaction, so a run killed at any moment loses at most the input in flight, an
 processes running the same experiment (or one running while a report reads) do not corrupt
 it: an input both happen to finish is stored once (the first to commit wins; the same seed
 gives the same result). Cells are keyed by their config's identity, as single runs' records
-are, so a cell keeps its results when the file that declares it is edited around it.
+are, so a cell keeps its results when the file that declares it is edited around it, and
+when a later gradleak adds an option (opening the file re-derives every key from the config
+it stored, as a single run's store re-reads its header).
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
-from gradleak.experiments.grid import Cell
+from gradleak.experiments.grid import Cell, identity_key
 from gradleak.record import Record
 
 FILE_NAME = "results.sqlite"
@@ -100,6 +103,7 @@ class ExperimentDatabase:
                 f"{self.path} was written by another gradleak (results schema {version}, this "
                 f"one reads {SCHEMA_VERSION}): use that version or a new --out"
             )
+        self._rekey()
 
     def close(self) -> None:
         self._connection.close()
@@ -122,6 +126,33 @@ class ExperimentDatabase:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    def _rekey(self) -> None:
+        """Key every cell by its stored config's identity as this gradleak derives it: an
+        option added since the cell ran takes its default, and the cell keeps its results
+        (a config no longer readable keeps its old key: nothing will ask for it)."""
+        rows = self._connection.execute("SELECT key, config FROM cells").fetchall()
+        moves = {}
+        for key, config in rows:
+            try:
+                stored = RunConfig.model_validate(json.loads(config), context={"stored": True})
+                identity = identity_key(stored)
+            except (ValueError, GradleakError):
+                continue
+            if _hashed(identity) != key:
+                moves[key] = (_hashed(identity), identity)
+        if not moves:
+            return
+        with self._write() as db:
+            for old, (new, identity) in moves.items():
+                taken = db.execute("SELECT 1 FROM cells WHERE key = ?", (new,)).fetchone()
+                if taken:  # the same run stored under both keys: keep the one already current
+                    db.execute("DELETE FROM samples WHERE cell = ?", (old,))
+                    db.execute("DELETE FROM cells WHERE key = ?", (old,))
+                    continue
+                db.execute("UPDATE cells SET key = ?, identity = ? WHERE key = ?",
+                           (new, identity, old))  # fmt: skip
+                db.execute("UPDATE samples SET cell = ? WHERE cell = ?", (new, old))
 
     # --- the experiment ----------------------------------------------------------------
 
@@ -192,7 +223,11 @@ class ExperimentDatabase:
 
 def cell_key(cell: Cell) -> str:
     """The cell's key in the database: a hash of its config's identity."""
-    return hashlib.sha256(cell.key.encode()).hexdigest()[:32]
+    return _hashed(cell.key)
+
+
+def _hashed(identity: str) -> str:
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
 class CellResults:
@@ -243,3 +278,18 @@ class CellResults:
                 "UPDATE cells SET record = ?, finished = ? WHERE key = ?",
                 (json.dumps(record), time.time(), self.key),
             )
+
+    def adopt(self, samples: Iterable[dict[str, Any]], record: dict[str, Any] | None) -> None:
+        """Take in this cell's results kept elsewhere (a single run's record or partial file,
+        another experiment's cell of the same identity), in one transaction: inputs already
+        stored here are kept, and ``record`` marks the cell finished."""
+        self.start()
+        now = time.time()
+        rows = [(self.key, s["index"], json.dumps(s), now) for s in samples]
+        with self.database._write() as db:
+            db.executemany("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?)", rows)
+            if record is not None:
+                db.execute(
+                    "UPDATE cells SET record = ?, finished = ? WHERE key = ?",
+                    (json.dumps(record), now, self.key),
+                )

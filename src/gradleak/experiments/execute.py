@@ -192,6 +192,14 @@ def run_cells(
     done_before = 0
     for index, cell in enumerate(cells):
         report = _cell_progress(progress, index, len(cells), done_before, total, cell)
+        status = database.status(cell)
+        if status is not None and status.finished:  # its record stands: nothing to load or redo
+            result.records[cell.name] = database.record(status.key)
+            counted = status.done if limit is None else min(status.done, limit)
+            if report is not None:
+                report(counted, counted, {})
+            done_before += counted
+            continue
         store = database.cell_results(cell, device)
         try:
             record = runner.run(cell.config, progress=report, workers=workers, device=device,

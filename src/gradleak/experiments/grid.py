@@ -77,6 +77,28 @@ def expand(experiment: ExperimentFile, data_dir: str | None = None) -> list[Cell
     return cells
 
 
+def named_cells(named: list[tuple[str, dict[str, Any]]]) -> list[Cell]:
+    """Cells made in code rather than declared in a file (the benchmark suites), each
+    validated as ``gradleak attack`` validates its options and labelled, as a grid's cells
+    are, by the options whose values differ between them."""
+    keys = dict.fromkeys(k for _, options in named for k in options if k != "data_dir")
+    first = named[0][1] if named else {}
+    varying = [k for k in keys if any(_differs(o.get(k), first.get(k)) for _, o in named)]
+    return [
+        Cell(
+            name,
+            {k: options[k] for k in varying if k in options},
+            dict(options),
+            config_from_options(options),
+        )  # fmt: skip
+        for name, options in named
+    ]
+
+
+def _differs(a: Any, b: Any) -> bool:
+    return (a is not None or b is not None) and not same_value(a, b)
+
+
 def _rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{option_key(k): v for k, v in rule.items()} for rule in rules]
 
