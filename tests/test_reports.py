@@ -18,6 +18,7 @@ from gradleak.experiments import ExperimentDatabase, run_experiment
 from gradleak.reports import read_report_data, render_html, render_markdown, write_report
 from gradleak.reports.highlight import marked
 from gradleak.reports.plots import numeric_axes
+from gradleak.reports.render import pivot
 
 ATTACK = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='img'\">"
 
@@ -82,6 +83,24 @@ def test_markdown_report(finished):
     assert "| dager | 100.0 / 100.0 (BERT 90.0 / 80.0: +10.0 / +20.0) | 100.0 / 100.0 |" in text
     assert "| tag (BERT) | – | 50.0 / 5.0 |" in text  # the paper's baseline, beside ours
     assert "Part-way" not in text
+
+
+def test_pivot_rows_are_attacks_and_variants_columns_datasets_and_batch_sizes():
+    def cell(attack, **labels):
+        attack_config = SimpleNamespace(attack=SimpleNamespace(name=attack))
+        return SimpleNamespace(config=attack_config, labels={"attack": attack, **labels})
+
+    cells = [
+        cell("tag", dataset="cola", batch_size=1),
+        cell("lamp-cos", dataset="cola", batch_size=1, prior_weight=0.0),
+        cell("lamp-cos", dataset="cola", batch_size=1, prior_weight=0.2),
+        cell("lamp-cos", dataset="sst2", batch_size=1, prior_weight=0.2),
+    ]
+    table = pivot(cells)
+    assert table.rows == ["tag", "lamp-cos [prior_weight=0.0]", "lamp-cos [prior_weight=0.2]"]
+    assert table.columns == ["dataset=cola, batch_size=1", "dataset=sst2, batch_size=1"]
+    assert table.entries["lamp-cos [prior_weight=0.2]"]["dataset=sst2, batch_size=1"] is cells[3]
+    assert "dataset=sst2, batch_size=1" not in table.entries["tag"]
 
 
 def test_part_way_and_empty_runs_say_what_is_missing(tmp_path):

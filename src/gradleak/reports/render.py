@@ -26,12 +26,17 @@ STRICT = (("rouge1", "R-1"), ("rouge2", "R-2"), ("rougeL", "R-L"),
 PAPER = (("rouge1", "R-1"), ("rouge2", "R-2"), ("rougeL", "R-L"))
 
 
+# Labels that make the papers' columns; every other label sets the row apart, with the attack
+COLUMN_KEYS = ("dataset", "batch_size", "defense")
+
+
 @dataclass(frozen=True)
 class Pivot:
-    """The papers' layout: a row per attack, a column per combination of the other labels;
-    ``entries[row][column]`` is the cell there, if any. ``published[row][column]`` are the
-    published figures of attacks the grid did not run, in the same columns (the paper's
-    baselines beside ours)."""
+    """The papers' layout: a row per attack (per attack and variant, where the grid varies
+    more than datasets, batch sizes and defenses: an ablation is a row per setting), a column
+    per combination of datasets, batch sizes and defenses; ``entries[row][column]`` is the
+    cell there, if any. ``published[row][column]`` are the published figures of attacks the
+    grid did not run, in the same columns (the paper's baselines beside ours)."""
 
     rows: list[str]
     columns: list[str]
@@ -39,25 +44,34 @@ class Pivot:
     published: dict[str, dict[str, Figure]]
 
 
+def _column(cell: CellReport) -> str:
+    named = [f"{k}={v}" for k, v in cell.labels.items() if k in COLUMN_KEYS]
+    return ", ".join(named) or "all"
+
+
+def _variant(cell: CellReport) -> str:
+    named = [f"{k}={v}" for k, v in cell.labels.items() if k not in (*COLUMN_KEYS, "attack")]
+    return f" [{', '.join(named)}]" if named else ""
+
+
 def pivot(cells: list[CellReport], figures: Published | None = None) -> Pivot:
     entries: dict[str, dict[str, CellReport]] = {}
     columns: list[str] = []
     for cell in cells:
-        row = cell.config.attack.name
-        column = ", ".join(f"{k}={v}" for k, v in cell.labels.items() if k != "attack") or "all"
+        row, column = cell.config.attack.name + _variant(cell), _column(cell)
         entries.setdefault(row, {})[column] = cell
         if column not in columns:
             columns.append(column)
+    ran = {cell.config.attack.name for cell in cells}
     published: dict[str, dict[str, Figure]] = {}
     for figure in figures.figures if figures else []:
         attack = str(figure.where.get("attack", ""))
-        if not attack or attack in entries:
+        if not attack or attack in ran:
             continue
-        for row in entries.values():
-            for column, cell in row.items():
-                if figure.matches_except_attack(cell.config):
-                    label = f"{attack} ({figure.model or 'published'})"
-                    published.setdefault(label, {}).setdefault(column, figure)
+        for cell in cells:
+            if figure.matches_except_attack(cell.config):
+                label = f"{attack} ({figure.model or 'published'}){_variant(cell)}"
+                published.setdefault(label, {}).setdefault(_column(cell), figure)
     return Pivot(list(entries), columns, entries, published)
 
 
