@@ -124,6 +124,22 @@ def test_a_bad_file_is_one_located_line(tmp_path, text, expected):
     assert "\n" not in message
 
 
+def test_a_bad_utility_setting_is_located(tmp_path):
+    path = write(tmp_path, """
+        fixed: {model: tiny-bert, dataset: demo, attack: dager}
+        utility:
+          round: 3
+        """)  # fmt: skip
+    with pytest.raises(ExperimentError, match=r"exp.yaml:4: utility.round: .*--rounds"):
+        load_experiment(path)
+    path = write(tmp_path, """
+        fixed: {model: tiny-bert, dataset: demo, attack: dager}
+        utility: {clients: 0}
+        """)  # fmt: skip
+    with pytest.raises(ExperimentError, match=r"exp.yaml:3: utility.clients: .*greater than"):
+        load_experiment(path)
+
+
 def test_published_figures_belong_to_the_cells_they_name(tmp_path):
     write(tmp_path, """
         source: a paper, Table 9

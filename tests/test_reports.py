@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from gradleak.cli import app
 from gradleak.experiments import ExperimentDatabase, run_experiment
 from gradleak.reports import read_report_data, render_html, render_markdown, write_report
+from gradleak.reports.data import Utility
 from gradleak.reports.highlight import marked
-from gradleak.reports.plots import numeric_axes
+from gradleak.reports.plots import numeric_axes, privacy_against_utility
 from gradleak.reports.render import pivot
 
 ATTACK = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='img'\">"
@@ -101,6 +102,49 @@ def test_pivot_rows_are_attacks_and_variants_columns_datasets_and_batch_sizes():
     assert table.columns == ["dataset=cola, batch_size=1", "dataset=sst2, batch_size=1"]
     assert table.entries["lamp-cos [prior_weight=0.2]"]["dataset=sst2, batch_size=1"] is cells[3]
     assert "dataset=sst2, batch_size=1" not in table.entries["tag"]
+
+
+def test_utility_is_measured_once_per_scenario_and_plotted_against_privacy(tmp_path, monkeypatch):
+    import gradleak.experiments.utility as utility_module
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent("""
+        fixed: {model: tiny-bert, dataset: demo, mode: eval, attack: dager, n_inputs: 1}
+        axes:
+          batch_size: [1, 2]
+          defense: [none, "noise:sigma=1.0"]
+        utility: {rounds: 1, clients: 2, samples: 2, eval-examples: 8, eval-split: train}
+        """))  # fmt: skip
+    measured = []
+    real = utility_module.measure_utility
+
+    def counted(config, settings, device="cpu"):
+        measured.append(config.scenario.defenses)
+        return real(config, settings, device=device)
+
+    monkeypatch.setattr(utility_module, "measure_utility", counted)
+    out = tmp_path / "run"
+    result = run_experiment(path, out)
+    assert result.utility_errors == {} and len(measured) == 2  # B does not change utility
+    run_experiment(path, out)
+    assert len(measured) == 2  # kept: a re-run measures nothing again
+    data = read_report_data(out)
+    assert all(c.utility is not None for c in data.cells)
+    assert set(data.utilities) == {"defense=none", "defense=noise:sigma=1.0"}
+    html = render_html(data)
+    assert 'id="utility"' in html and "accuracy" in html
+
+    def cell(attack, accuracy, rouge2):
+        strict = SimpleNamespace(rouge2=rouge2, exact_match=0.0)
+        return SimpleNamespace(
+            config=SimpleNamespace(attack=SimpleNamespace(name=attack)),
+            metrics=SimpleNamespace(strict=strict),
+            utility=Utility("classification", {}, {"accuracy": accuracy}, 1.0),
+        )
+
+    plot = privacy_against_utility([cell("tag", 80.0, 30.0), cell("tag", 60.0, 5.0)])
+    assert plot is not None and "accuracy" in plot.title and "<svg" in plot.svg
+    assert privacy_against_utility([cell("tag", 80.0, 30.0), cell("dlg", 80.0, 3.0)]) is None
 
 
 def test_part_way_and_empty_runs_say_what_is_missing(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import TaskID
 from rich.table import Table
 
 from gradleak.cli_console import console, err_console, fail
@@ -17,6 +18,7 @@ from gradleak.errors import GradleakError
 from gradleak.experiments import ExperimentDatabase, load_experiment, plan, run_experiment
 from gradleak.experiments.estimate import duration
 from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
+from gradleak.experiments.utility import UtilityProgress
 from gradleak.global_state import kept_global_state
 from gradleak.progress import bars
 
@@ -46,9 +48,9 @@ def run(
         if dry_run:
             show_plan(loaded, out)
             return
-        with kept_global_state(threads), grid_progress(loaded.name) as progress:
+        with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
             result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
-                                    progress=progress)  # fmt: skip
+                                    progress=progress, utility_progress=utility)  # fmt: skip
     except GradleakError as exc:
         raise fail(str(exc)) from None
     show_result(loaded, result)
@@ -84,17 +86,24 @@ def show_plan(experiment: Experiment, out: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def grid_progress(name: str) -> Iterator[GridProgress]:
-    """Two bars on stderr: the grid's cells and its inputs (with the ETA)."""
+def grid_progress(name: str) -> Iterator[tuple[GridProgress, UtilityProgress]]:
+    """Bars on stderr: the grid's cells and its inputs (with the ETA), then the utility
+    fine-tunings when the experiment asks for them."""
     with bars(err_console) as shown:
         cells = shown.add_task(f"{name}: cells", total=None)
         inputs = shown.add_task("inputs", total=None)
+        fine_tunings: list[TaskID] = []
 
         def advance(index: int, count: int, done: int, total: int, cell: str) -> None:
             shown.update(cells, completed=index, total=count)
             shown.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
 
-        yield advance
+        def utility(done: int, total: int, scenario: str) -> None:
+            if not fine_tunings:
+                fine_tunings.append(shown.add_task("utility", total=total))
+            shown.update(fine_tunings[0], completed=done, description=f"utility: {scenario}")
+
+        yield advance, utility
 
 
 def show_result(experiment: Experiment, result: ExperimentRun) -> None:
@@ -120,6 +129,8 @@ def show_result(experiment: Experiment, result: ExperimentRun) -> None:
         )
         table.add_row(cell.name, str(len(record.samples)), *scores, f"{seconds:.1f}")
     console.print(table)
+    for scenario, problem in result.utility_errors.items():
+        console.print(f"[red]utility of {scenario}: {problem}[/]")
     console.print(
         f"time: {duration(result.seconds)}; results in {result.folder / 'results.sqlite'}"
     )

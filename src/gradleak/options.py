@@ -335,10 +335,20 @@ def utility_from_options(values: Mapping[str, Any]) -> tuple[RunConfig, UtilityS
     for key in given:
         if key not in allowed:
             raise OptionError(_unknown(key, allowed, "utility"))
-    settings = {fine_tuning[k].path[-1]: v for k, v in given.items() if k in fine_tuning}
-    try:
-        utility = UtilitySettings(**settings)
-    except ValidationError as exc:
-        raise _option_error(exc, fine_tuning, ("utility",)) from None
+    utility = utility_settings({k: v for k, v in given.items() if k in fine_tuning})
     config = config_from_options({k: v for k, v in given.items() if k not in fine_tuning})
     return config, utility
+
+
+def utility_settings(values: Mapping[str, Any]) -> UtilitySettings:
+    """The fine-tuning's settings from ``gradleak utility``'s option names (dashes or
+    underscores), with the same one-line errors as ``config_from_options``."""
+    fine_tuning = {o.key: o for o in utility_options()}
+    given = {k.lstrip("-").replace("-", "_"): v for k, v in values.items() if v is not None}
+    for key in given:
+        if key not in fine_tuning:
+            raise OptionError(_unknown(key, fine_tuning, "utility"), option=key)
+    try:
+        return UtilitySettings(**{fine_tuning[k].path[-1]: v for k, v in given.items()})
+    except ValidationError as exc:
+        raise _option_error(exc, fine_tuning, ("utility",)) from None

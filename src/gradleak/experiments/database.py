@@ -51,6 +51,12 @@ CREATE TABLE IF NOT EXISTS samples (
     written REAL NOT NULL,
     PRIMARY KEY (cell, idx)
 );
+CREATE TABLE IF NOT EXISTS utility (
+    key TEXT PRIMARY KEY,          -- sha256 of the scenario's utility identity
+    identity TEXT NOT NULL,        -- what the fine-tuning depended on, canonical JSON
+    record TEXT NOT NULL,          -- `gradleak utility --out`'s record, JSON
+    written REAL NOT NULL
+);
 """
 
 
@@ -219,6 +225,23 @@ class ExperimentDatabase:
             "SELECT idx, sample FROM samples WHERE cell = ? ORDER BY idx", (key,)
         ).fetchall()
         return {idx: json.loads(sample) for idx, sample in rows}
+
+    # --- utility ---------------------------------------------------------------------------
+
+    def utility(self, key: str) -> dict[str, Any] | None:
+        """A scenario's utility record (``experiments.utility``), None until measured."""
+        row = self._connection.execute(
+            "SELECT record FROM utility WHERE key = ?", (key,)
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def store_utility(self, key: str, identity: dict[str, Any], record: dict[str, Any]) -> None:
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        with self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO utility VALUES (?, ?, ?, ?)",
+                (key, text, json.dumps(record), time.time()),
+            )
 
 
 def cell_key(cell: Cell) -> str:

@@ -19,22 +19,25 @@ from gradleak.experiments.database import CellStatus, ExperimentDatabase, cell_k
 from gradleak.experiments.estimate import CellEstimate, estimate
 from gradleak.experiments.grid import Cell, expand
 from gradleak.experiments.published import Published, read_published
-from gradleak.experiments.spec import ExperimentFile, read_experiment
+from gradleak.experiments.spec import ExperimentFile, read_experiment, utility_of
+from gradleak.experiments.utility import UtilityProgress, measure_cells
 from gradleak.models.registry import MODELS, model_status
 from gradleak.models.sources import HF_PREFIX
 from gradleak.record import Record
+from gradleak.utility import UtilitySettings
 
 DEFAULT_RUNS = Path("runs")
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A validated experiment: its file, its cells in order, and the published figures it
-    compares with (None when it names none)."""
+    """A validated experiment: its file, its cells in order, the published figures it
+    compares with (None when it names none) and its utility fine-tuning (None: not asked)."""
 
     file: ExperimentFile
     cells: list[Cell]
     published: Published | None = None
+    utility: UtilitySettings | None = None  # the fine-tuning that measures utility, if asked
 
     @property
     def name(self) -> str:
@@ -52,7 +55,7 @@ def load_experiment(path: str | Path, data_dir: str | None = None) -> Experiment
     file = read_experiment(path)
     cells = expand(file, data_dir)
     _check_available(file, cells)
-    return Experiment(file, cells, published_of(file))
+    return Experiment(file, cells, published_of(file), utility_of(file))
 
 
 def published_of(file: ExperimentFile) -> Published | None:
@@ -135,6 +138,7 @@ class ExperimentRun:
     folder: Path
     records: dict[str, Record | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    utility_errors: dict[str, str] = field(default_factory=dict)  # by scenario
     seconds: float = 0.0
 
 
@@ -147,6 +151,7 @@ def run_experiment(
     limit: int | None = None,
     data_dir: str | None = None,
     progress: GridProgress | None = None,
+    utility_progress: UtilityProgress | None = None,
 ) -> ExperimentRun:
     """Run every cell of ``experiment`` (a file, or one loaded by :func:`load_experiment`),
     keeping each finished input in ``out/results.sqlite`` (default ``runs/NAME``).
@@ -154,7 +159,10 @@ def run_experiment(
     Cells already finished there are not run again, and part-way cells resume. A cell whose
     run fails (a dataset too small for its inputs, an attack that cannot apply) is reported
     in the result's ``errors`` and the grid goes on. ``limit`` runs at most the first
-    ``limit`` inputs of each cell. ``workers``, ``device``: as ``gradleak.run``."""
+    ``limit`` inputs of each cell. ``workers``, ``device``: as ``gradleak.run``.
+
+    An experiment with a ``utility:`` section then fine-tunes each distinct scenario of its
+    grid once (not again on a re-run) and keeps its dev metrics beside the cells'."""
     started = time.perf_counter()
     if not isinstance(experiment, Experiment):
         experiment = load_experiment(experiment, data_dir)
@@ -171,6 +179,11 @@ def run_experiment(
             database.cell_results(cell, device).start()
         run_cells(experiment.cells, database, result, workers=workers, device=device,
                   limit=limit, progress=progress)  # fmt: skip
+        if experiment.utility is not None:
+            database.set_meta("utility", experiment.utility.model_dump_json())
+            result.utility_errors = measure_cells(
+                experiment.cells, experiment.utility, database, device, utility_progress
+            )
     result.seconds = time.perf_counter() - started
     return result
 

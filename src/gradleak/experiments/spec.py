@@ -10,6 +10,7 @@ The shape (keys are ``gradleak attack`` option names, with dashes or underscores
       dataset: [cola, sst2]
     exclude: [{attack: tag, dataset: sst2}]
     include: [{attack: dager, dataset: cola}]
+    utility: {rounds: 3, clients: 4}   # optional: each cell's scenario fine-tuned and scored
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gradleak.errors import GradleakError, OptionError
-from gradleak.options import all_options, unknown_name
+from gradleak.options import all_options, unknown_name, utility_settings
+from gradleak.utility import UtilitySettings
 
 Location = tuple[str | int, ...]  # a key's place in the file: ("axes", "attack", 1)
 
@@ -49,6 +51,11 @@ class ExperimentSpec(BaseModel):
     )
     published: str | None = Field(
         None, description="a file of the published figures to compare with (beside this one)"
+    )
+    utility: dict[str, Any] | None = Field(
+        None,
+        description="also measure what each cell's protocol and defenses cost the model: "
+        "`gradleak utility`'s fine-tuning options ({} takes their defaults)",
     )
 
     @field_validator("name")
@@ -99,11 +106,26 @@ def read_experiment(path: str | Path) -> ExperimentFile:
     spec = validated(ExperimentSpec, data, path, lines)
     experiment = ExperimentFile(path, spec, lines)
     _check_option_names(experiment)
+    utility_of(experiment)
     if spec.published is not None:
         published = (path.parent / spec.published).resolve()
         if not published.is_file():
             raise experiment.error(("published",), f"{published} does not exist: fix the path")
     return experiment
+
+
+def utility_of(experiment: ExperimentFile) -> UtilitySettings | None:
+    """The fine-tuning that measures utility, when the file asks for one (validated)."""
+    given = experiment.spec.utility
+    if given is None:
+        return None
+    try:
+        return utility_settings(given)
+    except OptionError as exc:
+        raw = next((k for k in given if option_key(k) == exc.option), None)
+        flag = f"--{exc.option.replace('_', '-')}" if exc.option else ""
+        problem = str(exc).replace(f"invalid {flag}: ", "", 1)
+        raise experiment.error(("utility", raw) if raw else ("utility",), problem) from None
 
 
 def read_yaml(path: Path, what: str) -> tuple[Any, dict[Location, int]]:

@@ -12,8 +12,26 @@ from typing import Any
 from gradleak.config import RunConfig
 from gradleak.experiments.database import CellStatus, ExperimentDatabase
 from gradleak.experiments.published import Figure, Published
+from gradleak.experiments.utility import utility_key
 from gradleak.record import Metrics, Record
 from gradleak.runner import public_sample, summarize
+from gradleak.utility import UtilitySettings
+
+
+@dataclass(frozen=True)
+class Utility:
+    """A scenario's dev metrics before fine-tuning and after it (``experiments.utility``)."""
+
+    task: str
+    before: dict[str, float]
+    after: dict[str, float]
+    seconds: float
+    key: str = ""  # the scenario's: cells that share it share the measurement
+
+    @property
+    def metric(self) -> str:
+        """The one figure a privacy-utility plot shows: accuracy, or perplexity for LMs."""
+        return "perplexity" if "perplexity" in self.after else "accuracy"
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,7 @@ class CellReport:
     device: str
     record: Record | None  # None while part-way
     figures: list[Figure] = field(default_factory=list)
+    utility: Utility | None = None  # what the cell's scenario costs the model, if measured
 
     @property
     def finished(self) -> bool:
@@ -57,6 +76,20 @@ class ReportData:
         return [f"{c.name}: {c.done} of {c.wanted} inputs" for c in self.cells if not c.finished]
 
     @property
+    def utilities(self) -> dict[str, Utility]:
+        """Each measured scenario's utility, named by its cells' labels less the attack."""
+        groups: dict[str, tuple[Utility, list[CellReport]]] = {}
+        for cell in self.cells:
+            if cell.utility is not None:
+                groups.setdefault(cell.utility.key, (cell.utility, []))[1].append(cell)
+        named: dict[str, Utility] = {}
+        for utility, cells in groups.values():
+            shared = [(k, v) for k, v in cells[0].labels.items()
+                      if k != "attack" and all(c.labels.get(k) == v for c in cells)]  # fmt: skip
+            named[", ".join(f"{k}={v}" for k, v in shared) or "the grid's scenario"] = utility
+        return named
+
+    @property
     def machines(self) -> list[dict[str, Any]]:
         """The machines and versions the finished cells ran with (each once)."""
         seen: dict[str, dict[str, Any]] = {}
@@ -76,7 +109,9 @@ def read_report_data(folder: str | Path) -> ReportData:
     with ExperimentDatabase(folder, create=False) as database:
         published_text = database.meta("published")
         published = None if not published_text else Published.model_validate_json(published_text)
-        cells = [_cell(database, status, published) for status in database.statuses()]
+        settings_text = database.meta("utility")
+        settings = None if not settings_text else UtilitySettings.model_validate_json(settings_text)
+        cells = [_cell(database, status, published, settings) for status in database.statuses()]
         name = database.meta("name") or folder.name
         text = database.meta("experiment") or ""
         description = database.meta("description") or ""
@@ -84,7 +119,10 @@ def read_report_data(folder: str | Path) -> ReportData:
 
 
 def _cell(
-    database: ExperimentDatabase, status: CellStatus, published: Published | None
+    database: ExperimentDatabase,
+    status: CellStatus,
+    published: Published | None,
+    settings: UtilitySettings | None,
 ) -> CellReport:
     config = RunConfig.model_validate(json.loads(database.cell_config(status.key)),
                                       context={"stored": True})  # fmt: skip
@@ -113,4 +151,18 @@ def _cell(
         device=status.device,
         record=record,
         figures=published.for_cell(config) if published else [],
+        utility=_utility(database, config, settings),
     )
+
+
+def _utility(
+    database: ExperimentDatabase, config: RunConfig, settings: UtilitySettings | None
+) -> Utility | None:
+    if settings is None:
+        return None
+    key = utility_key(config, settings)
+    record = database.utility(key)
+    if record is None:
+        return None
+    metrics = record["metrics"]
+    return Utility(record["task"], metrics[0], metrics[-1], record["seconds"], key)

@@ -62,7 +62,8 @@ def _defense_strength(values: dict[str, Any]) -> tuple[str, dict[str, float]] | 
 
 
 def plots(cells: list[CellReport]) -> list[Plot]:
-    """ROUGE-2 and exact % against each numeric axis (cells with scores only)."""
+    """ROUGE-2 and exact % against each numeric axis (cells with scores only), then against
+    utility where the experiment measured it."""
     scored = [c for c in cells if c.metrics.strict is not None]
     out = []
     for axis, xs in numeric_axes(scored).items():
@@ -75,10 +76,34 @@ def plots(cells: list[CellReport]) -> list[Plot]:
                 (xs[cell.name], strict.rouge2, strict.exact_match)
             )
         out.append(Plot(f"ROUGE-2 and exact sentences against {axis}", _svg(axis, lines)))
+    tradeoff = privacy_against_utility(scored)
+    if tradeoff is not None:
+        out.append(tradeoff)
     return out
 
 
-def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]]) -> str:
+def privacy_against_utility(cells: list[CellReport]) -> Plot | None:
+    """Each attack's ROUGE-2 and exact rate against its scenario's utility after
+    fine-tuning (accuracy, or perplexity for LMs): one line per attack, a point per
+    scenario; None unless the experiment measured two scenarios or more."""
+    lines: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    metric = ""
+    for cell in cells:
+        utility, strict = cell.utility, cell.metrics.strict
+        if utility is None or strict is None:
+            continue
+        metric = utility.metric
+        point = (utility.after[metric], strict.rouge2, strict.exact_match)
+        lines[cell.config.attack.name].append(point)
+    if len({x for points in lines.values() for x, _, _ in points}) < 2:
+        return None
+    axis = f"dev {metric} after fine-tuning"
+    return Plot(f"Privacy against utility: ROUGE-2 and exact sentences against {axis}",
+                _svg(axis, lines, ticks=False))  # fmt: skip
+
+
+def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]], ticks: bool = True) -> str:
+    """Two panels (ROUGE-2, exact %) of ``lines``; ``ticks``: at the grid's values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,9 +121,10 @@ def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]]) -> str:
         panel.set_ylim(-2, 102)
         panel.grid(alpha=0.3)
         xs = sorted({p[0] for points in lines.values() for p in points})
-        if xs and xs[0] > 0 and xs[-1] / xs[0] >= 20:
+        if ticks and xs and xs[0] > 0 and xs[-1] / xs[0] >= 20:
             panel.set_xscale("log")
-        panel.set_xticks(xs, [f"{x:g}" for x in xs])  # the grid's values, not a scale's
+        if ticks:
+            panel.set_xticks(xs, [f"{x:g}" for x in xs])  # the grid's values, not a scale's
     panels[1].legend(fontsize=7, loc="best")
     figure.tight_layout()
     buffer = io.StringIO()
