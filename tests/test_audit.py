@@ -114,3 +114,22 @@ def test_a_second_audit_resumes_the_first(tmp_path):
     second = run_audit(path, out, budget_s=10, attacks=["dager"])
     assert written() == before and len(before) == 2  # stored, not attacked again
     assert second.baseline[0].leakage == first.baseline[0].leakage
+
+
+def test_utility_is_measured_for_the_setup_and_the_changes_that_work(tmp_path):
+    path = tmp_path / "setup.yaml"
+    path.write_text(
+        textwrap.dedent(SETUP.format(extra=""))
+        + "utility: {rounds: 1, clients: 2, samples: 2, eval_examples: 8, eval_split: train}\n"
+    )
+    result = run_audit(path, tmp_path / "run", budget_s=120, attacks=["dager"])
+    assert result.exposed and result.utility is not None
+    assert set(result.utility.metrics) == {"accuracy", "f1", "mcc"}
+    working = [m for m in result.mitigations if m.below(result.thresholds)]
+    assert working, "strong DP-SGD stops DAGER on this setup"
+    assert all(m.utility is not None and m.utility.metrics is not None for m in working)
+    assert all(m.utility is None for m in result.mitigations if not m.below(result.thresholds))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("setup: {model: tiny-bert}\nutility:\n  rounds: 0\n")
+    with pytest.raises(ExperimentError, match=r"bad.yaml:3: utility.rounds: .*greater than"):
+        read_setup(bad)

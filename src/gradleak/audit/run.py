@@ -24,9 +24,11 @@ from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase
 from gradleak.experiments.estimate import START_SECONDS, estimate
 from gradleak.experiments.grid import Cell
-from gradleak.options import attack_defaults, config_from_options
+from gradleak.experiments.utility import stored_or_measured, utility_key
+from gradleak.options import attack_defaults, config_from_options, utility_settings
 from gradleak.record import Record
 from gradleak.reports.highlight import normalized
+from gradleak.utility import UtilitySettings
 
 # The attacks an audit tries, cheapest first: DAGER is exact where it applies and takes
 # seconds; LAMP_cos and TAG are the strongest optimization attacks on short text.
@@ -75,6 +77,20 @@ class AttackOutcome:
     steps: int | None = None
 
 
+@dataclass(frozen=True)
+class UtilityOutcome:
+    """What a version of the setup leaves of the model after federated fine-tuning: its
+    dev metrics, or why they were not measured."""
+
+    metrics: dict[str, float] | None
+    why: str = ""
+
+    def text(self) -> str:
+        if self.metrics is None:
+            return self.why
+        return ", ".join(f"{k} {v:.2f}" for k, v in self.metrics.items())
+
+
 @dataclass
 class Mitigation:
     """A change to the setup, in words and as options, and what the attacks got after it."""
@@ -83,6 +99,7 @@ class Mitigation:
     options: dict[str, Any]
     outcomes: list[AttackOutcome] = field(default_factory=list)
     utility_command: str = ""
+    utility: UtilityOutcome | None = None  # measured when the setup asks (its utility:)
 
     @property
     def measured(self) -> bool:
@@ -109,6 +126,7 @@ class AuditResult:
     mitigations: list[Mitigation]
     facts: list[str]
     seconds: float = 0.0
+    utility: UtilityOutcome | None = None  # of the setup as it is, when the setup asks
 
     @property
     def strongest(self) -> AttackOutcome | None:
@@ -254,6 +272,20 @@ class _Auditor:
         steps = int(default * min(1.0, allowance / cost)) if cost > 0 else default
         return steps if steps >= MIN_STEPS else None
 
+    def utility(self, changes: dict[str, Any], settings: UtilitySettings) -> UtilityOutcome:
+        """The setup with ``changes`` fine-tuned and scored on dev data (stored, or measured
+        now if the budget has time left)."""
+        config = config_from_options(self.options(changes, "dager", 1))
+        stored = self.database.utility(utility_key(config, settings)) is not None
+        if not stored and self.left <= 0:
+            return UtilityOutcome(None, "not measured: over the time budget")
+        self.say("utility: " + (", ".join(f"{k}={v}" for k, v in changes.items()) or "as is"))
+        try:
+            record = stored_or_measured(self.database, config, settings)
+        except GradleakError as exc:
+            return UtilityOutcome(None, f"not measured: {exc}")
+        return UtilityOutcome(record["metrics"][-1])
+
     def close(self) -> None:
         self.database.close()
 
@@ -351,6 +383,9 @@ def run_audit(
         leaking.sort(key=lambda o: (o.leakage.exact, o.leakage.rouge2), reverse=True)
         if leaking:
             result.mitigations = _mitigations(auditor, [o.attack for o in leaking[:2]])
+        settings = utility_settings(setup.utility) if setup.utility is not None else None
+        if settings is not None:
+            _measure_utility(auditor, result, settings)
     finally:
         auditor.close()
     result.seconds = time.perf_counter() - auditor.started
@@ -381,3 +416,13 @@ def _mitigations(auditor: _Auditor, attacks: list[str]) -> list[Mitigation]:
             mitigation.outcomes.append(auditor.attack(change, options, attack, inputs, allowance))
         mitigations.append(mitigation)
     return mitigations
+
+
+def _measure_utility(auditor: _Auditor, result: AuditResult, settings: UtilitySettings) -> None:
+    """What the setup as it is, and each change that brings leakage under the thresholds,
+    cost the model (the changes that do not help are not worth their utility). Each
+    fine-tuning is kept in the audit's database; one starts only while the budget lasts."""
+    result.utility = auditor.utility({}, settings)
+    for mitigation in result.mitigations:
+        if mitigation.below(result.thresholds):
+            mitigation.utility = auditor.utility(mitigation.options, settings)

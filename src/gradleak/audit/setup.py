@@ -15,6 +15,10 @@ what counts as a secret in their text.
       lora_rank: 8
     sample: 4                   # client updates each attack reads
     sensitive: ['\\d', okafor]  # regexes: words that match are secrets
+    utility: {rounds: 3, clients: 4, eval_split: validation}  # optional: see below
+
+``utility`` (``gradleak utility``'s fine-tuning options) asks the audit to measure what the
+setup as it is, and each change that brings leakage under the thresholds, cost the model.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gradleak.experiments.spec import located, option_key, read_yaml, validated
+from gradleak.experiments.spec import located, option_key, read_yaml, utility_at, validated
 from gradleak.options import scenario_options, unknown_name
 
 DEFAULT_SENSITIVE = (r"\d",)  # numbers: amounts, PINs, dates, addresses
@@ -42,6 +46,12 @@ class AuditSetup(BaseModel):
     sensitive: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SENSITIVE),
         description="regular expressions: a word that matches one is a secret",
+    )
+
+    utility: dict[str, Any] | None = Field(
+        None,
+        description="gradleak utility's fine-tuning options: measure what the setup and each "
+        "change that brings leakage under the thresholds cost the model",
     )
 
     @field_validator("sensitive")
@@ -72,4 +82,5 @@ def read_setup(path: str | Path) -> tuple[AuditSetup, Path]:
             problem = unknown_name(raw, allowed, "scenario option")
             problem = problem.replace(f"unknown scenario option '{raw}'", "not a scenario option")
             raise located(path, lines, ("setup", raw), problem + " (an audit picks the attacks)")
+    utility_at(path, lines, setup.utility)
     return setup, path

@@ -49,22 +49,28 @@ def print_audit(result: AuditResult, console: Console) -> None:
     for outcome in result.baseline:
         attacks.add_row(outcome.attack, *outcome_text(outcome))
     console.print(attacks)
+    if result.utility is not None:
+        console.print(f"utility of the setup as it is (dev, after fine-tuning): "
+                      f"{result.utility.text()}", soft_wrap=True)  # fmt: skip
     if result.mitigations:
         changes = Table(title="changes tried against the attacks that leaked")
-        for column in ("change", "attack", "exact %", "ROUGE-2", "under thresholds", "notes"):
+        columns = ("change", "attack", "exact %", "ROUGE-2", "under thresholds", "utility", "notes")
+        for column in columns:
             changes.add_column(column, overflow="fold")
         for mitigation in result.mitigations:
             below = mitigation.below(result.thresholds)
             mark = "not measured" if below is None else "[green]yes[/]" if below else "[red]no[/]"
+            utility = mitigation.utility.text() if mitigation.utility else ""
             for k, outcome in enumerate(mitigation.outcomes):
                 exact, rouge2, _, notes = outcome_text(outcome)
-                change = mitigation.change if k == 0 else ""
-                changes.add_row(
-                    change, outcome.attack, exact, rouge2, mark if k == 0 else "", notes
-                )
+                first = k == 0
+                changes.add_row(mitigation.change if first else "", outcome.attack, exact, rouge2,
+                                mark if first else "", utility if first else "", notes)  # fmt: skip
         console.print(changes)
-        console.print("What a change costs the model is not measured here; for example: "
-                      f"{result.mitigations[-1].utility_command}", soft_wrap=True)  # fmt: skip
+        if result.utility is None:
+            console.print("What a change costs the model was not measured (add utility: to the "
+                          "setup file); for example: "
+                          f"{result.mitigations[-1].utility_command}", soft_wrap=True)  # fmt: skip
     t = result.thresholds
     console.print(
         f"thresholds: exact <= {t.max_exact:g}%, ROUGE-2 <= {t.max_rouge2:g}; budget "

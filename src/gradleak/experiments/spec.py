@@ -116,7 +116,14 @@ def read_experiment(path: str | Path) -> ExperimentFile:
 
 def utility_of(experiment: ExperimentFile) -> UtilitySettings | None:
     """The fine-tuning that measures utility, when the file asks for one (validated)."""
-    given = experiment.spec.utility
+    return utility_at(experiment.path, experiment.lines, experiment.spec.utility)
+
+
+def utility_at(
+    path: Path, lines: dict[Location, int], given: dict[str, Any] | None
+) -> UtilitySettings | None:
+    """A file's ``utility:`` section (``gradleak utility``'s option names) as the
+    fine-tuning's settings, or the located one-line error of its first problem."""
     if given is None:
         return None
     try:
@@ -125,7 +132,7 @@ def utility_of(experiment: ExperimentFile) -> UtilitySettings | None:
         raw = next((k for k in given if option_key(k) == exc.option), None)
         flag = f"--{exc.option.replace('_', '-')}" if exc.option else ""
         problem = str(exc).replace(f"invalid {flag}: ", "", 1)
-        raise experiment.error(("utility", raw) if raw else ("utility",), problem) from None
+        raise located(path, lines, ("utility", raw) if raw else ("utility",), problem) from None
 
 
 def read_yaml(path: Path, what: str) -> tuple[Any, dict[Location, int]]:

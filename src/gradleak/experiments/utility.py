@@ -67,19 +67,27 @@ def measure_cells(
     for cell in cells:
         scenarios.setdefault(utility_key(cell.config, settings), cell)
     errors: dict[str, str] = {}
-    for done, (key, cell) in enumerate(scenarios.items()):
+    for done, cell in enumerate(scenarios.values()):
         name = scenario_name(cell)
         if progress is not None:
             progress(done, len(scenarios), name)
-        if database.utility(key) is not None:
-            continue
         try:
-            result = measure_utility(cell.config, settings, device=device)
+            stored_or_measured(database, cell.config, settings, device)
         except GradleakError as exc:
             errors[name] = str(exc)
-            continue
-        identity = utility_identity(cell.config, settings)
-        database.store_utility(key, identity, utility_record(cell.config, settings, result))
     if progress is not None:
         progress(len(scenarios), len(scenarios), "")
     return errors
+
+
+def stored_or_measured(
+    database: ExperimentDatabase, config: RunConfig, settings: UtilitySettings, device: str = "cpu"
+) -> dict[str, Any]:
+    """The scenario's utility record: from ``database``, or measured now and kept there."""
+    key = utility_key(config, settings)
+    record = database.utility(key)
+    if record is None:
+        result = measure_utility(config, settings, device=device)
+        record = utility_record(config, settings, result)
+        database.store_utility(key, utility_identity(config, settings), record)
+    return record
