@@ -1,8 +1,11 @@
 """Utility cells: what a suite's defenses cost the model (``gradleak utility``: federated
 fine-tuning with the same client code and defense, then dev metrics), one per defense setting.
 
-A cell's record goes to ``<out>/<suite>/utility/<label>.json``; a finished cell whose config
-and fine-tuning settings are unchanged is read back instead of run again.
+A cell's record is kept in the suite's results database (``<out>/<suite>/results.sqlite``,
+its utility table: what ``gradleak run`` keeps for an experiment's ``utility:`` section), keyed
+by what the fine-tuning depends on, so a finished cell is read back instead of run again and
+another suite's same fine-tuning is copied. Records earlier versions kept as
+``<suite>/utility/<label>.json`` are taken in the first time they are met.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any
 from report import write_results
 
 from gradleak.config import RunConfig
+from gradleak.experiments.database import FILE_NAME, ExperimentDatabase
+from gradleak.experiments.utility import stored_or_measured, utility_identity, utility_key
 from gradleak.options import utility_from_options
-from gradleak.utility import measure_utility, utility_record
+from gradleak.utility import UtilitySettings
 
 UtilityCell = tuple[str, dict[str, Any]]  # (label, options of `gradleak utility`)
 
@@ -34,22 +39,20 @@ def run_utility(out_dir: Path, suite: str, cells: list[UtilityCell], report: boo
     ``<suite>_utility.json`` and ``.md``: dev metrics before and after fine-tuning."""
     started = time.perf_counter()
     rows = []
-    for label, options in cells:
-        config, settings = utility_from_options(options)
-        path = out_dir / suite / "utility" / f"{label}.json"
-        identity, fine_tuning = config.identity(), settings.model_dump(mode="json")
-        record = _finished(path, identity, fine_tuning)
-        for twin in sorted(out_dir.glob("*/utility/*.json")):  # another suite's same cell
-            record = record or _finished(twin, identity, fine_tuning)
-        if record is None and not report:
-            begun = time.perf_counter()
-            result = measure_utility(config, settings)
-            record = utility_record(config, settings, result)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-            print(f"utility {label}: {result.final} ({time.perf_counter() - begun:.0f} s)")
-        if record is not None:
-            rows.append(utility_row(label, options["defense"], record))
+    with ExperimentDatabase(out_dir / suite) as database:
+        for label, options in cells:
+            config, settings = utility_from_options(options)
+            key = utility_key(config, settings)
+            record = database.utility(key) or _earlier(out_dir, database, config, settings)
+            if record is not None:
+                database.store_utility(key, utility_identity(config, settings), record)
+            elif not report:
+                begun = time.perf_counter()
+                record = stored_or_measured(database, config, settings)
+                final = record["metrics"][-1]
+                print(f"utility {label}: {final} ({time.perf_counter() - begun:.0f} s)")
+            if record is not None:
+                rows.append(utility_row(label, options["defense"], record))
     settings_note = ""
     if cells:
         _, settings = utility_from_options(cells[0][1])
@@ -74,9 +77,19 @@ def utility_row(label: str, defense: str, record: dict[str, Any]) -> dict[str, A
     return row
 
 
-def _finished(path: Path, identity: dict[str, Any], settings: dict[str, Any]) -> dict | None:
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    same = RunConfig.identity_of(record["config"]) == identity and record["utility"] == settings
-    return record if same else None
+def _earlier(
+    out_dir: Path, database: ExperimentDatabase, config: RunConfig, settings: UtilitySettings
+) -> dict[str, Any] | None:
+    """The same fine-tuning in another suite's database, or in a record file of before."""
+    key = utility_key(config, settings)
+    for other in sorted(out_dir.glob(f"*/{FILE_NAME}")):
+        if other.parent.resolve() != database.folder.resolve():
+            with ExperimentDatabase(other.parent, create=False) as twin:
+                if (record := twin.utility(key)) is not None:
+                    return record
+    for path in sorted(out_dir.glob("*/utility/*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        stored = RunConfig.model_validate(record["config"], context={"stored": True})
+        if utility_key(stored, UtilitySettings(**record["utility"])) == key:
+            return record
+    return None
