@@ -18,7 +18,7 @@ from gradleak.errors import GradleakError
 from gradleak.experiments import ExperimentDatabase, load_experiment, plan, run_experiment
 from gradleak.experiments.estimate import duration
 from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
-from gradleak.experiments.utility import UtilityProgress
+from gradleak.experiments.utility import UtilityProgress, utility_key
 from gradleak.global_state import kept_global_state
 from gradleak.progress import bars
 
@@ -83,6 +83,10 @@ def show_plan(experiment: Experiment, out: Path | None) -> None:
         "CPU core (~: the attack's measured cost on a 2-core CPU, scaled; without ~: this "
         "cell's finished inputs). Nothing was run."
     )
+    if experiment.utility is not None:
+        scenarios = {utility_key(c.config, experiment.utility) for c in experiment.cells}
+        console.print(f"then {len(scenarios)} utility fine-tuning(s), one per distinct scenario "
+                      "(not in the estimate; a stored one is not run again)")  # fmt: skip
 
 
 @contextlib.contextmanager
