@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,21 +158,26 @@ def _own_files(folder: Path, one: Cell) -> Found | None:
 def _twin(database: ExperimentDatabase, out_dir: Path, one: Cell) -> Found | None:
     """The same run in another suite's database or files."""
     found: list[Found] = []
-    for other in sorted(out_dir.glob(f"*/{FILE_NAME}")):
-        if other.parent.resolve() == database.folder.resolve():
-            continue
-        with ExperimentDatabase(other.parent, create=False) as twin:
-            status = twin.status(one)
-            if status is not None and status.done > 0:
-                record = twin.record(status.key) if status.finished else None
-                samples = list(twin.samples(status.key).values())
-                found.append((samples, record and record.to_json(), status.device))
+    for twin in other_suites(out_dir, database):
+        status = twin.status(one)
+        if status is not None and status.done > 0:
+            record = twin.record(status.key) if status.finished else None
+            samples = list(twin.samples(status.key).values())
+            found.append((samples, record and record.to_json(), status.device))
     for path in sorted(out_dir.glob("*/*.json")):
         if path.parent.resolve() != database.folder.resolve():
             found.append(_record_file(path, one.config))
             found.append(_partial_file(_partial(path), one.config))
     hits = [f for f in found if f is not None]
     return max(hits, key=lambda f: (f[1] is not None, len(f[0])), default=None)
+
+
+def other_suites(out_dir: Path, database: ExperimentDatabase) -> Iterator[ExperimentDatabase]:
+    """Every other suite's results database under ``out_dir``, each open while it is used."""
+    for other in sorted(out_dir.glob(f"*/{FILE_NAME}")):
+        if other.parent.resolve() != database.folder.resolve():
+            with ExperimentDatabase(other.parent, create=False) as twin:
+                yield twin
 
 
 def _partial(path: Path) -> Path:

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cells import other_suites
 from report import write_results
 
 from gradleak.config import RunConfig
-from gradleak.experiments.database import FILE_NAME, ExperimentDatabase
+from gradleak.experiments.database import ExperimentDatabase
 from gradleak.experiments.utility import stored_or_measured, utility_identity, utility_key
 from gradleak.options import utility_from_options
 from gradleak.utility import UtilitySettings
@@ -82,11 +83,9 @@ def _earlier(
 ) -> dict[str, Any] | None:
     """The same fine-tuning in another suite's database, or in a record file of before."""
     key = utility_key(config, settings)
-    for other in sorted(out_dir.glob(f"*/{FILE_NAME}")):
-        if other.parent.resolve() != database.folder.resolve():
-            with ExperimentDatabase(other.parent, create=False) as twin:
-                if (record := twin.utility(key)) is not None:
-                    return record
+    for twin in other_suites(out_dir, database):
+        if (record := twin.utility(key)) is not None:
+            return record
     for path in sorted(out_dir.glob("*/utility/*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
         stored = RunConfig.model_validate(record["config"], context={"stored": True})

@@ -25,7 +25,7 @@ from typing import Any
 
 from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
-from gradleak.experiments.grid import Cell, identity_key
+from gradleak.experiments.grid import Cell, canonical_json, identity_key
 from gradleak.record import Record
 
 FILE_NAME = "results.sqlite"
@@ -145,8 +145,8 @@ class ExperimentDatabase:
                 identity = identity_key(stored)
             except (ValueError, GradleakError):
                 continue
-            if _hashed(identity) != key:
-                moves[key] = (_hashed(identity), identity)
+            if hashed_key(identity) != key:
+                moves[key] = (hashed_key(identity), identity)
         if not moves:
             return
         with self._write() as db:
@@ -236,7 +236,7 @@ class ExperimentDatabase:
         return None if row is None else json.loads(row[0])
 
     def store_utility(self, key: str, identity: dict[str, Any], record: dict[str, Any]) -> None:
-        text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        text = canonical_json(identity)
         with self._write() as db:
             db.execute(
                 "INSERT OR IGNORE INTO utility VALUES (?, ?, ?, ?)",
@@ -246,10 +246,11 @@ class ExperimentDatabase:
 
 def cell_key(cell: Cell) -> str:
     """The cell's key in the database: a hash of its config's identity."""
-    return _hashed(cell.key)
+    return hashed_key(cell.key)
 
 
-def _hashed(identity: str) -> str:
+def hashed_key(identity: str) -> str:
+    """A database key: the hash of an identity's canonical JSON."""
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 

@@ -40,7 +40,12 @@ class Cell:
 
 def identity_key(config: RunConfig) -> str:
     """A config's identity (the settings a result depends on) as canonical JSON."""
-    return json.dumps(config.identity(), sort_keys=True, separators=(",", ":"))
+    return canonical_json(config.identity())
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as JSON that equal values always write alike (keys sorted, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass

@@ -9,15 +9,13 @@ what the server knows, so cells that differ only there share one measurement.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from typing import Any
 
 from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
-from gradleak.experiments.database import ExperimentDatabase
-from gradleak.experiments.grid import Cell
+from gradleak.experiments.database import ExperimentDatabase, hashed_key
+from gradleak.experiments.grid import Cell, canonical_json
 from gradleak.utility import UtilitySettings, measure_utility, utility_record
 
 # (scenarios done, scenarios, the scenario's name)
@@ -44,8 +42,7 @@ def utility_identity(config: RunConfig, settings: UtilitySettings) -> dict[str, 
 
 
 def utility_key(config: RunConfig, settings: UtilitySettings) -> str:
-    text = json.dumps(utility_identity(config, settings), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashed_key(canonical_json(utility_identity(config, settings)))
 
 
 def scenario_name(cell: Cell) -> str:
