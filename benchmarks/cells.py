@@ -61,6 +61,7 @@ def run_suite(
     workers: int = 1,
     device: str = "cpu",
     description: str = "",
+    stack: int | str = 1,
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
@@ -68,7 +69,8 @@ def run_suite(
     always lists every cell of the suite that has results, so filling a suite a few cells at
     a time loses no rows. ``limit`` runs each cell's first ``limit`` inputs only; the cells
     stay part-way and resume later. ``workers`` attack that many inputs of a cell at once
-    (see ``runner.run``); ``device`` is where they compute (each record names it)."""
+    (see ``runner.run``); ``device`` is where they compute (each record names it); ``stack``
+    inputs go to the attack at a time (``runner.run``'s, "auto" or a number)."""
     cells = named_cells(named)
     chosen = [c for c in cells if only is None or only in c.name]
     started = time.perf_counter()
@@ -77,7 +79,11 @@ def run_suite(
         database.set_meta("description", description)
         for one in chosen:
             adopt_earlier_results(database, out_dir, one)
-        ran = [] if report else [run_cell(database, one, limit, workers, device) for one in chosen]
+        ran = (
+            []
+            if report
+            else [run_cell(database, one, limit, workers, device, stack) for one in chosen]
+        )
         rows = [row for one in cells if (row := cell_row(database, one)) is not None]
     wanted = {one.name: one.config.scenario.data.n_inputs for one in cells}
     part_way = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
@@ -92,12 +98,17 @@ def run_suite(
 
 
 def run_cell(
-    database: ExperimentDatabase, one: Cell, limit: int | None, workers: int, device: str
+    database: ExperimentDatabase,
+    one: Cell,
+    limit: int | None,
+    workers: int,
+    device: str,
+    stack: int | str = 1,
 ) -> str:
     """Run one cell (nothing when it is finished) and print its row; return its name."""
     started = time.perf_counter()
     result = ExperimentRun(database.folder)
-    run_cells([one], database, result, workers=workers, device=device, limit=limit)
+    run_cells([one], database, result, workers=workers, device=device, limit=limit, stack=stack)
     if one.name in result.errors:
         print(f"{one.name}: {result.errors[one.name]}", flush=True)
     else:
@@ -231,8 +242,16 @@ def _row(name: str, record: dict[str, Any]) -> dict[str, Any]:
         "peak MB": max((s.get("peak_rss_mb") or 0 for s in record["samples"]), default=0) or None,
         "failed": len(record["failed_inputs"]),
         "device": record.get("device", "cpu"),
+        **_stacked(record["samples"]),
         **_epsilon(record["samples"]),
     }
+
+
+def _stacked(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"stack": largest}`` of a cell whose inputs were optimized in stacks (s/batch is then
+    each input's share of its stack's time), ``{}`` for one attacked one by one."""
+    largest = max((s.get("stacked", 1) for s in samples), default=1)
+    return {"stack": largest} if largest > 1 else {}
 
 
 def _epsilon(samples: list[dict[str, Any]]) -> dict[str, Any]:

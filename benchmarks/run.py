@@ -118,6 +118,11 @@ def main() -> None:
         "--device", default="cpu", help="where the cells compute: cpu, cuda, cuda:N, mps"
     )
     parser.add_argument(
+        "--stack",
+        default="1",
+        help="inputs of a cell whose updates DLG/TAG/LAMP optimize together: N or auto",
+    )
+    parser.add_argument(
         "--batches",
         type=int,
         help="inputs (batches) per cell (default: 20; the defense suites: their DEFAULT_SIZE)",
@@ -167,7 +172,7 @@ def main() -> None:
             report = args.report or args.utility_only
             about = " ".join((CELL_SUITES[suite].__doc__ or "").split())
             run_suite(out, suite, cells, args.only, report, args.limit, args.workers, args.device,
-                      description=about)  # fmt: skip
+                      description=about, stack=args.stack)  # fmt: skip
             fine_tune = args.only is None and args.limit is None and not args.skip_utility
             if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)

@@ -70,15 +70,18 @@ def record_attacks(monkeypatch, cut_at: int | None = None) -> list[int]:
     from gradleak import runner as run_module
 
     calls: list[int] = []
-    original = run_module.attack_input
+    original = run_module.attack_inputs
 
-    def recorded(config, prepared, index):
-        calls.append(index)
-        if len(calls) == cut_at:
-            raise PowerCut
-        return original(config, prepared, index)
+    def recorded(config, prepared, indices):
+        samples = []
+        for index in indices:
+            calls.append(index)
+            if len(calls) == cut_at:
+                raise PowerCut
+            samples += original(config, prepared, [index])
+        return samples
 
-    monkeypatch.setattr(run_module, "attack_input", recorded)
+    monkeypatch.setattr(run_module, "attack_inputs", recorded)
     return calls
 
 

@@ -36,13 +36,13 @@ HAS_CUDA = torch.cuda.is_available()
 @pytest.fixture
 def meta_default_device(monkeypatch):
     """Every input of a run attacked with torch's default device set to ``meta``."""
-    attack_input = recipe.attack_input
+    attack_inputs = recipe.attack_inputs
 
-    def guarded(config, prepared, index):
+    def guarded(config, prepared, indices):
         with torch.device("meta"):
-            return attack_input(config, prepared, index)
+            return attack_inputs(config, prepared, indices)
 
-    monkeypatch.setattr(runner, "attack_input", guarded)
+    monkeypatch.setattr(runner, "attack_inputs", guarded)
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))

@@ -229,7 +229,7 @@ def test_run_stores_each_cell_and_resumes_without_rerunning(tmp_path, monkeypatc
     def no_attack(*args, **kwargs):
         raise AssertionError("a stored input was attacked again")
 
-    monkeypatch.setattr(gradleak.runner, "attack_input", no_attack)
+    monkeypatch.setattr(gradleak.runner, "attack_inputs", no_attack)
     again = run_experiment(fast_experiment(tmp_path), out)
     assert again.records["batch_size=2"].samples == stored.samples
 

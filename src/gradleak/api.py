@@ -59,6 +59,7 @@ def run(
     workers: int = 1,
     threads: int | None = None,
     device: str | None = None,
+    stack: int | str = 1,
     **options: Any,
 ) -> Record:
     """Run one attack over a scenario's inputs and return its record: ``gradleak attack``.
@@ -73,14 +74,21 @@ def run(
     a function ``(done, total, sample)`` called after each input. ``workers``: inputs attacked
     at once in separate processes. ``threads``: torch CPU threads for this run (restored after;
     None: as they are). ``device``: where the model, the clients' rounds and the attack
-    compute: ``cpu`` (None: the default), ``cuda``, ``cuda:N`` or ``mps``. The same config,
-    seed and threads give the same record on CPU.
+    compute: ``cpu`` (None: the default), ``cuda``, ``cuda:N`` or ``mps``. ``stack``: inputs
+    whose updates an optimization attack optimizes together in one batched pass (a number, or
+    ``"auto"``; results as one by one up to rounding). The same config, seed, threads and stack
+    give the same record on CPU.
     """
     run_config = _merged_config(config, options)
     path = None if out is None else str(out)
     with kept_global_state(threads), _reporter(progress, run_config) as report:
         record = runner.run(
-            run_config, out=path, progress=report, workers=workers, device=device or "cpu"
+            run_config,
+            out=path,
+            progress=report,
+            workers=workers,
+            device=device or "cpu",
+            stack=stack,
         )
     for notice in record.notices:
         warnings.warn(notice, GradleakNotice, stacklevel=2)

@@ -91,10 +91,13 @@ def attack(**options: Any) -> None:
     Options come in groups: the scenario (model, data, protocol, defenses, what the server knows), the attack and its own options (`gradleak attacks NAME` lists one attack's with its defaults), and the run.
     """  # noqa: E501  one paragraph: the help reflows it
     workers, out = options.pop("workers"), options.pop("out")
+    stack = options.pop("stack") or 1
     try:
         with warnings.catch_warnings():  # the notices are printed below, with the record
             warnings.simplefilter("ignore", GradleakNotice)
-            record = api.run(out=out, workers=1 if workers is None else workers, **options)
+            record = api.run(
+                out=out, workers=1 if workers is None else workers, stack=stack, **options
+            )
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_record(record)

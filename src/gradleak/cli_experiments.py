@@ -40,6 +40,9 @@ def run(
         str | None, typer.Option(help="data folder of cells that set none (else env)")
     ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    stack: Annotated[
+        str, typer.Option(help="inputs optimized together in one batched pass: N or auto")
+    ] = "1",
 ) -> None:
     """Run a declared experiment: the grid of its fixed settings and axes, each finished
     input kept in one SQLite database (re-running resumes)."""
@@ -50,7 +53,8 @@ def run(
             return
         with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
             result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
-                                    progress=progress, utility_progress=utility)  # fmt: skip
+                                    progress=progress, utility_progress=utility,
+                                    stack=stack)  # fmt: skip
     except GradleakError as exc:
         raise fail(str(exc)) from None
     show_result(loaded, result)

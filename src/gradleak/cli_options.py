@@ -32,6 +32,13 @@ RUN_OPTIONS: tuple[tuple[str, type, str], ...] = (
         str,
         "where the model and the attack compute: cpu, cuda, cuda:N, mps (default: cpu)",
     ),
+    (
+        "stack",
+        str,
+        "inputs whose updates DLG/TAG/LAMP optimize together in one batched pass (results as "
+        "one by one up to rounding): a number, or auto to pick from the machine and the "
+        "lengths (default: 1)",
+    ),
     ("out", str, "write the JSON record here (resumable: run again to continue)"),
 )
 

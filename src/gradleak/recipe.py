@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from gradleak import metrics
-from gradleak.attacks import ATTACKS, Attack, AttackFailed, Refusal
+from gradleak.attacks import ATTACKS, Attack, AttackFailed, Plan, Refusal
+from gradleak.attacks.base import StackItem
 from gradleak.config import RunConfig
 from gradleak.data import (
     Example,
@@ -36,9 +37,9 @@ from gradleak.defenses import (
 from gradleak.devices import resolve_device
 from gradleak.environment import peak_memory_mb, reset_peak_memory
 from gradleak.errors import GradleakError
-from gradleak.federated.client import GlobalModel
+from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.round import server_round
-from gradleak.federated.server import PublicData, server_knowledge
+from gradleak.federated.server import PublicData, ServerKnowledge, server_knowledge
 from gradleak.models.registry import Victim, load_victim
 from gradleak.models.tasks import encode_examples
 
@@ -171,11 +172,23 @@ def client_batches(
     return attacked, others
 
 
-def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str, Any]:
-    """Run the client's round on private batch ``index``, attack it, and score the result.
+@dataclass
+class ClientRound:
+    """One input's round as the attack and the evaluator see it: the defended update and the
+    server's knowledge for the attack, the private token ids for the evaluator only."""
 
-    Returns the sample as the store keeps it (``store.ResultStore``): per-pair scores
-    included, so that a resumed run can aggregate them."""
+    index: int
+    update: ClientUpdate
+    knowledge: ServerKnowledge
+    references_ids: list[list[int]]
+    examples: list[Example]  # every private text of the round
+    privacy: dict[str, Any]  # what the client's per-sample defense guarantees
+    update_s: float
+    plan: Plan | Refusal
+
+
+def client_round(config: RunConfig, prepared: Prepared, index: int) -> ClientRound:
+    """Run the client's round on private batch ``index`` and ``check`` the attack on it."""
     gm, knows = prepared.global_model, config.scenario.knowledge
     groups = [prepared.batches[index], *prepared.others[index]]  # the attacked client first
     max_tokens = config.scenario.data.max_tokens
@@ -184,7 +197,6 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     # what the evaluator holds and the server's knowledge describe: every private text of
     # the round (one client's batch without an across-clients defense)
     batch = batches[0] if len(batches) == 1 else gm.encode(batch_examples, max_tokens)
-    reset_peak_memory()  # this input's window: the update, the attack and its prior
     started = time.perf_counter()
     update = server_round(gm, batches, prepared.defenses, partial(round_seeds, config, index))
     update_s = time.perf_counter() - started
@@ -203,36 +215,80 @@ def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str,
     del batch  # from here on only the evaluator holds the ground truth (references_ids)
     # what the client's per-sample defense guarantees (DP-SGD's epsilon) for its n_k
     privacy = privacy_facts(prepared.defenses, gm, len(prepared.batches[index]))
-    attack = prepared.attack
-    plan = attack.check(update, knowledge)
-    if isinstance(plan, Refusal):  # a limit of this batch (e.g. DAGER's rank): record, go on
-        failed = {"index": index, "error": plan.reason, "attack_s": 0.0, "update_s": update_s}
-        return failed | ({"info": privacy} if privacy else {})
-    started = time.perf_counter()
-    try:
-        seed = derived_seed(config.seed, index, ATTACK_STREAM)
-        reconstruction = attack.run(update, knowledge, plan=plan, seed=seed)
-    except AttackFailed as exc:
-        attack_s = time.perf_counter() - started
-        failed = {"index": index, "error": str(exc), "attack_s": attack_s, "update_s": update_s}
-        return failed | ({"info": privacy} if privacy else {})
-    attack_s = time.perf_counter() - started
-    check_disjoint(attack, batch_examples)
-    scores = evaluate(
-        index,
-        prepared.victim.tokenizer,
-        references_ids,
-        reconstruction.token_ids,
-        attack.paper_pairing,
+    return ClientRound(
+        index=index,
+        update=update,
+        knowledge=knowledge,
+        references_ids=references_ids,
+        examples=batch_examples,
+        privacy=privacy or {},
+        update_s=update_s,
+        plan=prepared.attack.check(update, knowledge),
     )
-    return scores | {
-        "labels": [ex.label for ex in batch_examples],
-        "attack_s": attack_s,
-        "update_s": update_s,
-        "phase_s": reconstruction.seconds,
-        "peak_rss_mb": peak_memory_mb(),
-        "info": reconstruction.info | privacy,
-    }
+
+
+def attack_input(config: RunConfig, prepared: Prepared, index: int) -> dict[str, Any]:
+    """Run the client's round on private batch ``index``, attack it, and score the result.
+
+    Returns the sample as the store keeps it (``store.ResultStore``): per-pair scores
+    included, so that a resumed run can aggregate them."""
+    return attack_inputs(config, prepared, [index])[0]
+
+
+def attack_inputs(
+    config: RunConfig, prepared: Prepared, indices: list[int]
+) -> list[dict[str, Any]]:
+    """:func:`attack_input` for several inputs, whose updates the attack may optimize together
+    (``Attack.run_many``: LAMP and DLG stack them in one batched pass). A stacked input's
+    ``attack_s`` is its equal share of the attack's wall time over all of them."""
+    reset_peak_memory()  # these inputs' window: the updates, the attack and its prior
+    rounds = [client_round(config, prepared, index) for index in indices]
+    samples: dict[int, dict[str, Any]] = {}
+    attacked = []
+    for one in rounds:
+        if isinstance(one.plan, Refusal):  # a limit of this batch (DAGER's rank): record, go on
+            samples[one.index] = _failed(one, one.plan.reason, 0.0)
+        else:
+            attacked.append(one)
+    items = [
+        StackItem(r.update, r.knowledge, r.plan, derived_seed(config.seed, r.index, ATTACK_STREAM))
+        for r in attacked
+    ]
+    attack = prepared.attack
+    started = time.perf_counter()
+    results = attack.run_many(items) if len(items) > 1 else [attack.attempt(i) for i in items]
+    attack_s = (time.perf_counter() - started) / max(1, len(items))
+    for one, result in zip(attacked, results, strict=True):
+        if isinstance(result, AttackFailed):
+            samples[one.index] = _failed(one, str(result), attack_s)
+            continue
+        check_disjoint(attack, one.examples)
+        scores = evaluate(
+            one.index,
+            prepared.victim.tokenizer,
+            one.references_ids,
+            result.token_ids,
+            attack.paper_pairing,
+        )
+        samples[one.index] = (
+            scores
+            | {
+                "labels": [ex.label for ex in one.examples],
+                "attack_s": attack_s,
+                "update_s": one.update_s,
+                "phase_s": result.seconds,
+                "peak_rss_mb": peak_memory_mb(),
+                "info": result.info | one.privacy,
+            }
+            | ({"stacked": result.stack_size} if result.stack_size > 1 else {})
+        )
+    return [samples[index] for index in indices]
+
+
+def _failed(one: ClientRound, error: str, attack_s: float) -> dict[str, Any]:
+    """The stored sample of an input that could not be attacked."""
+    failed = {"index": one.index, "error": error, "attack_s": attack_s, "update_s": one.update_s}
+    return failed | ({"info": one.privacy} if one.privacy else {})
 
 
 def check_disjoint(attack: Attack, private: list[Example]) -> None:

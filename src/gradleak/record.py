@@ -98,6 +98,9 @@ class SampleResult(BaseModel):
     phase_s: dict[str, float] = Field(default_factory=dict)
     peak_rss_mb: float | None = None
     info: dict[str, Any] = Field(default_factory=dict)
+    # Updates optimized in one stacked pass with this one, itself included (``attack_s`` is
+    # then its equal share of the pass): how it ran, not what it found.
+    stacked: int = 1
 
     @property
     def failed(self) -> bool:

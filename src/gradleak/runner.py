@@ -15,12 +15,13 @@ import torch
 
 from gradleak import __version__, metrics
 from gradleak.attacks import ATTACKS
+from gradleak.attacks.base import Attack
 from gradleak.config import RunConfig
 from gradleak.defenses import DEFENSES
 from gradleak.devices import resolve_device
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
-from gradleak.recipe import Prepared, attack_input, describe_scenario, prepare
+from gradleak.recipe import Prepared, attack_inputs, describe_scenario, prepare
 from gradleak.record import Provenance, Record
 from gradleak.store import Results, ResultStore
 
@@ -36,6 +37,7 @@ def run(
     workers: int = 1,
     device: torch.device | str = "cpu",
     store: Results | None = None,
+    stack: int | str = 1,
 ) -> Record:
     """Run ``config`` and return its record (also written to ``out`` when given).
 
@@ -50,11 +52,18 @@ def run(
     ``cuda``, ``cuda:N``, ``mps``); a part-way run resumes only on the device it began on.
 
     ``store`` keeps the finished inputs and the record somewhere else than ``out``'s files
-    (an experiment's database); it replaces ``out``."""
+    (an experiment's database); it replaces ``out``.
+
+    ``stack`` > 1 hands the attack that many inputs at a time, which an optimization attack
+    optimizes together in one stacked pass (each input's result is its one-by-one result up
+    to floating-point summation order); ``"auto"`` lets :func:`stack_size` pick from the
+    machine and the inputs' lengths. Which inputs share a stack does not depend on which are
+    done (:func:`stack_blocks`), so a resumed run stacks as the first one did."""
     if limit is not None and limit < 1:
         raise GradleakError(f"limit must be at least 1 input, got {limit}")
     if workers < 1:
         raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
+    stack = requested_stack(stack)
     total_start = time.perf_counter()
     device = resolve_device(device)
     if store is None:
@@ -64,19 +73,24 @@ def run(
     store.start()
     wanted = range(len(prepared.batches[:limit]))
     done = {i: finished[i] for i in wanted if i in finished}
-    pending = [i for i in wanted if i not in done]
     for count, index in enumerate(sorted(done), 1):
         if progress:
             progress(count, len(wanted), done[index])
-    parallel = workers > 1 and len(pending) > 1
+    size = stack_size(stack, prepared, device)
+    blocks = [
+        block
+        for whole in stack_blocks(prepared, len(wanted), size)
+        if (block := [i for i in whole if i not in done])
+    ]
+    parallel = workers > 1 and len(blocks) > 1
     threads = worker_threads(workers) if parallel else torch.get_num_threads()
     if parallel:
         check_workers_can_build(config)
         # each worker loads its own prior: this process's copy would only hold memory
         prepared.attack.release()
-        new_samples = attack_in_workers(config, pending, workers, device)
+        new_samples = attack_in_workers(config, blocks, workers, device)
     else:
-        new_samples = (attack_input(config, prepared, i) for i in pending)
+        new_samples = (s for block in blocks for s in attack_inputs(config, prepared, block))
     for sample in new_samples:
         store.append(sample)
         done[sample["index"]] = sample
@@ -90,6 +104,63 @@ def run(
     if len(samples) == len(prepared.batches):
         store.finish(record.to_json())
     return record
+
+
+# --- stacking ----------------------------------------------------------------------------------
+# Tokens per stacked pass that ``stack="auto"`` aims for. On 2 CPU cores a MiniLM step costs
+# about the same per sequence from 8 sentences of 12 tokens on (benchmarks/MEASURED.md); more
+# only delays the first stored result. A GPU needs far more rows to fill it.
+AUTO_STACK_TOKENS = {"cpu": 128, "cuda": 2048}
+MAX_AUTO_STACK = 16
+
+
+def requested_stack(stack: int | str) -> int | str:
+    """``stack`` checked: a number of inputs (at least 1) or ``"auto"``."""
+    if stack == "auto":
+        return stack
+    if isinstance(stack, str):
+        if not stack.isdigit():
+            raise GradleakError(f"stack must be a number of inputs or 'auto', got '{stack}'")
+        stack = int(stack)
+    if stack < 1:
+        raise GradleakError(f"stack must be at least 1 input (1: one at a time), got {stack}")
+    return stack
+
+
+def stack_size(stack: int | str, prepared: Prepared, device: torch.device | str) -> int:
+    """The inputs handed to the attack at a time: ``stack`` itself, or for ``"auto"`` as many
+    as fill :data:`AUTO_STACK_TOKENS` with the inputs' mean token count (1 for an attack that
+    attacks updates one by one anyway)."""
+    stack = requested_stack(stack)
+    if stack == "auto":
+        if type(prepared.attack).run_many is Attack.run_many:
+            return 1
+        tokens = input_tokens(prepared)
+        per_input = max(1.0, sum(tokens) / max(1, len(tokens)))
+        budget = AUTO_STACK_TOKENS.get(torch.device(device).type, AUTO_STACK_TOKENS["cpu"])
+        return max(1, min(MAX_AUTO_STACK, int(budget // per_input)))
+    return stack
+
+
+def input_tokens(prepared: Prepared) -> list[int]:
+    """Each input's padded size in tokens (rows times its longest row): what a stack pays."""
+    tokenizer = prepared.victim.tokenizer
+    return [
+        len(batch) * max(len(tokenizer(ex.text)["input_ids"]) for ex in batch)
+        for batch in prepared.batches
+    ]
+
+
+def stack_blocks(prepared: Prepared, count: int, size: int) -> list[list[int]]:
+    """The first ``count`` inputs in blocks of ``size`` handed to the attack together: in
+    order of their token count (a stack pads every input to its longest, so similar lengths
+    waste least), each block in index order. The blocks depend only on the inputs, never on
+    which of them a part-way run has done."""
+    if size == 1:
+        return [[index] for index in range(count)]
+    tokens = input_tokens(prepared)[:count]
+    order = sorted(range(count), key=lambda index: (tokens[index], index))
+    return [sorted(order[start : start + size]) for start in range(0, count, size)]
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -162,6 +233,7 @@ def public_sample(sample: dict[str, Any]) -> dict[str, Any]:
         "phase_s": sample.get("phase_s", {}),
         "peak_rss_mb": sample.get("peak_rss_mb"),
         "info": sample.get("info", {}),
+        "stacked": sample.get("stacked", 1),
     }
 
 
@@ -203,8 +275,8 @@ def _start_worker(config: RunConfig, threads: int, parent: int, device: str) -> 
     _Worker.prepared = prepare(config, device)
 
 
-def _attack_in_worker(index: int) -> dict[str, Any]:
-    return attack_input(_Worker.config, _Worker.prepared, index)
+def _attack_in_worker(block: list[int]) -> list[dict[str, Any]]:
+    return attack_inputs(_Worker.config, _Worker.prepared, block)
 
 
 def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
@@ -223,11 +295,12 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 
 def attack_in_workers(
-    config: RunConfig, pending: list[int], workers: int, device: torch.device | str = "cpu"
+    config: RunConfig, blocks: list[list[int]], workers: int, device: torch.device | str = "cpu"
 ) -> Iterator[dict[str, Any]]:
-    """Attack ``pending`` inputs in ``workers`` spawned processes, yielding samples as they
-    finish (so the store keeps each at once). Each worker loads the models once and gets an
-    equal share of this process's torch threads (at least one).
+    """Attack ``blocks`` of inputs (one block per call of the attack) in ``workers`` spawned
+    processes, yielding samples as each block finishes (so the store keeps them at once). Each
+    worker loads the models once and gets an equal share of this process's torch threads (at
+    least one).
 
     An error or an interrupt stops the workers at once: the inputs they were on are lost either
     way, and waiting for them would only hold the cores."""
@@ -235,13 +308,13 @@ def attack_in_workers(
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
     before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(
-        min(workers, len(pending)), mp_context=context, initializer=_start_worker,
+        min(workers, len(blocks)), mp_context=context, initializer=_start_worker,
         initargs=(config, threads, os.getpid(), str(device)),
     ) as pool:  # fmt: skip
-        futures = [pool.submit(_attack_in_worker, i) for i in pending]
+        futures = [pool.submit(_attack_in_worker, block) for block in blocks]
         try:
             for future in as_completed(futures):
-                yield future.result()
+                yield from future.result()
         except BaseException:  # an error, an interrupt, or the consumer stopped early
             pool.shutdown(wait=False, cancel_futures=True)
             stop_processes(set(multiprocessing.active_children()) - before)

@@ -13,7 +13,7 @@ from typing import Any
 
 # The fields of a record that a run with the same config and seed reproduces exactly.
 RESULT_FIELDS = ("task", "scenario", "metrics", "failed_inputs")
-SAMPLE_TIMINGS = ("attack_s", "phase_s", "peak_rss_mb", "update_s")
+SAMPLE_TIMINGS = ("attack_s", "phase_s", "peak_rss_mb", "update_s", "stacked")
 
 CELLS: dict[str, list[str]] = {
     "tag_bert_train": [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +50,8 @@ class Reconstruction:
     # The objective at every step, for attacks that optimize one (the loss trace of DLG, TAG
     # and LAMP): a diagnostic for the caller, too long for a record.
     trace: list[float] = field(default_factory=list)
+    # How many updates were optimized together with this one, itself included (how it ran).
+    stack_size: int = 1
 
 
 @dataclass
@@ -64,6 +66,15 @@ class Refusal:
     DAGER's rank): the run records ``reason`` for this input and goes on with the next."""
 
     reason: str
+
+
+class StackItem(NamedTuple):
+    """One update of a :meth:`Attack.run_many` call, with what ``run`` takes for it."""
+
+    update: ClientUpdate
+    knowledge: ServerKnowledge
+    plan: Plan
+    seed: int
 
 
 class AttackFailed(Exception):
@@ -127,3 +138,16 @@ class Attack(ABC, Generic[SettingsT]):
         self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
     ) -> Reconstruction:
         """Reconstruct the private batch."""
+
+    def run_many(self, items: list[StackItem]) -> list[Reconstruction | AttackFailed]:
+        """``run`` for each item, in order (an ``AttackFailed`` in place of a failed one's
+        reconstruction). An attack that can attack several updates at once for less than one
+        by one (the optimization attacks stack them) overrides this."""
+        return [self.attempt(item) for item in items]
+
+    def attempt(self, item: StackItem) -> Reconstruction | AttackFailed:
+        """``run`` on one item, its ``AttackFailed`` returned instead of raised."""
+        try:
+            return self.run(*item)
+        except AttackFailed as failure:
+            return failure

@@ -20,6 +20,10 @@ gradients would write ``candidates x parameters`` numbers.
 Small tensors (biases, norm weights, position and token-type tables) are materialized per group
 from the same captures; a module this file has no rule for raises :class:`GhostUnsupported`, and
 the caller falls back to ordinary autograd.
+
+The groups may also be independent problems, each with its own target (several clients'
+updates attacked in one stacked pass, :mod:`gradleak.attacks.optimization.stack`): the targets
+then carry a leading problem axis, and group ``g`` is compared with target ``g``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +57,9 @@ Statistics = tuple[torch.Tensor, torch.Tensor]  # (<G, T>, ||G||^2), each [group
 
 
 class _Rule:
-    """How one matched tensor's statistics follow from its module's capture."""
+    """How one matched tensor's statistics follow from its module's capture.
+
+    ``target`` is ``[G, *shape]``: one target for every group (``G = 1``) or one per group."""
 
     def __init__(self, module: nn.Module, target: torch.Tensor) -> None:
         self.module = module
@@ -88,9 +95,13 @@ class _LinearWeight(_Rule):
                 self.out_slice = cut
             else:
                 self.in_slice = cut
-        # The target as a map from inputs to outputs, [in, out]: X @ mapping is [n, out].
-        self.mapping = (self.target if transposed else self.target.T).contiguous()
         self.transposed = transposed
+
+    @cached_property
+    def mapping(self) -> torch.Tensor:
+        """The target as a map from inputs to outputs, ``[G, in, out]``: X @ mapping is
+        ``[n, out]`` (made when statistics first need it: a copy of the target)."""
+        return (self.target if self.transposed else self.target.mT).contiguous()
 
     def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
         x = _rows(capture.input, groups)[..., self.in_slice]
@@ -116,10 +127,14 @@ class _LinearGroup:
 
     def __init__(self, rules: list[_LinearWeight]) -> None:
         self.rules = rules
-        self.mapping = torch.stack([r.mapping for r in rules])  # [K, in, out]
         # Stacked mappings of a subset of the rules (a pooler reads fewer tokens than the
         # rest), kept: the split is the same every step and the copy is megabytes.
         self._subsets: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @cached_property
+    def mapping(self) -> torch.Tensor:
+        """The rules' mappings stacked, ``[K, G, in, out]``."""
+        return torch.stack([r.mapping for r in self.rules])
 
     def statistics(
         self, captures: list[Capture], grads: list[torch.Tensor], groups: int
@@ -149,9 +164,12 @@ class _LinearGroup:
                 if key not in self._subsets:
                     self._subsets[key] = self.mapping[members]
                 mapping = self._subsets[key]
-            # All groups' rows against one [in, out] per rule: a [K, rows, in] product, not a
-            # broadcast over groups (which would copy the mapping once per group).
-            mapped = (xs.flatten(1, 2) @ mapping).view(ds.shape)
+            if mapping.shape[1] == 1:
+                # All groups' rows against one [in, out] per rule: a [K, rows, in] product,
+                # not a broadcast over groups (which would copy the mapping once per group).
+                mapped = (xs.flatten(1, 2) @ mapping[:, 0]).view(ds.shape)
+            else:  # each group against its own target
+                mapped = xs @ mapping
             inner = (ds * mapped).sum((2, 3))
             norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
             for position, k in enumerate(members):
@@ -197,8 +215,13 @@ class _EmbeddingTable(_Rule):
 
     def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
         used, rows = self._used_rows(capture, grad_out, groups)
-        target = self.target[used]
+        target = self.target[:, used]
         return (rows * target).sum((1, 2)), (rows * rows).sum((1, 2))
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        used, rows = self._used_rows(capture, grad_out, groups)
+        table = rows.new_zeros(groups, *self.target.shape[1:])
+        return table.index_copy(1, used, rows)
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -228,22 +251,32 @@ class GhostStatistics:
     backward pass through the modules that own them.
 
     ``specs`` and ``targets`` are the matched tensors and the received (pseudo-)gradients, in
-    the order the distance expects; parameter names are those of ``model``.
+    the order the distance expects; parameter names are those of ``model``. With
+    ``per_group`` every target is ``[groups, *shape]``, one per group, and ``target_norms`` is
+    ``[groups, tensors]`` (else ``[tensors]``).
     """
 
     def __init__(
-        self, model: nn.Module, specs: list[TensorSpec], targets: list[torch.Tensor]
+        self,
+        model: nn.Module,
+        specs: list[TensorSpec],
+        targets: list[torch.Tensor],
+        per_group: bool = False,
     ) -> None:
         self.rules: list[_Rule] = []
-        for spec, target in zip(specs, targets, strict=True):
+        grouped = [t.detach() if per_group else t.detach()[None] for t in targets]
+        for spec, target in zip(specs, grouped, strict=True):
             owner, _, attribute = spec.param.rpartition(".")
             self.rules.append(_rule_for(model.get_submodule(owner), attribute, target, spec))
         self.modules = list({id(r.module): r.module for r in self.rules}.values())
-        self.target_norms = torch.stack([t.detach().pow(2).sum() for t in targets])
+        if per_group:  # [groups, K]
+            self.target_norms = torch.stack([t.pow(2).flatten(1).sum(1) for t in grouped], 1)
+        else:  # [K]
+            self.target_norms = torch.stack([t.detach().pow(2).sum() for t in targets])
         shapes: dict[tuple, list[int]] = {}
         for index, rule in enumerate(self.rules):
             if isinstance(rule, _LinearWeight):
-                key = (tuple(rule.mapping.shape), rule.mapping.dtype)
+                key = (rule.transposed, tuple(rule.target.shape), rule.target.dtype)
                 shapes.setdefault(key, []).append(index)
         # (rule indices, their batched group): the other rules are computed one by one.
         self.linear_groups = [
@@ -263,21 +296,7 @@ class GhostStatistics:
         (LAMP's candidates, stacked) and returns the mean loss over all rows; the statistics of
         each group are those of the gradient of its own mean loss.
         """
-        with self._capturing(rows) as captures:
-            loss = loss_of()
-        for module in self.modules:  # not run, or run twice: the capture would be ambiguous
-            if len(captures[id(module)]) != 1:
-                runs = len(captures[id(module)])
-                raise GhostUnsupported(f"{type(module).__name__} ran {runs} times")
-        outputs = [captures[id(m)][0].output for m in self.modules]
-        # Each group's loss is the mean over its own rows: the stacked mean times ``groups``.
-        grads = torch.autograd.grad(
-            loss * groups, outputs, create_graph=create_graph, allow_unused=True
-        )
-        grad_of = {
-            id(m): torch.zeros_like(o) if g is None else g
-            for m, o, g in zip(self.modules, outputs, grads, strict=True)
-        }
+        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
         inner: list[torch.Tensor | None] = [None] * len(self.rules)
         norm: list[torch.Tensor | None] = [None] * len(self.rules)
         for indices, group in self.linear_groups:
@@ -302,12 +321,49 @@ class GhostStatistics:
                 inner[index], norm[index] = rule.statistics(capture, grad, groups)
         for members in formed.values():
             gradients = torch.stack([g for _, g in members])  # [K, groups, ...]
-            targets = torch.stack([self.rules[i].target for i, _ in members])[:, None]
+            targets = torch.stack([self.rules[i].target for i, _ in members])  # [K, G, ...]
             dims = tuple(range(2, gradients.dim()))
             a, b = (gradients * targets).sum(dims), (gradients * gradients).sum(dims)
             for k, (index, _) in enumerate(members):
                 inner[index], norm[index] = a[k], b[k]
         return torch.stack(inner, dim=1), torch.stack(norm, dim=1)
+
+    def gradients(
+        self,
+        loss_of: Callable[[], torch.Tensor],
+        rows: int,
+        groups: int = 1,
+        create_graph: bool = True,
+    ) -> list[torch.Tensor]:
+        """Every matched tensor's gradient of each group's mean loss, ``[groups, *shape]``,
+        formed from the same captures as the statistics: what a distance without a statistics
+        form (TAG's L1 term, squared L2) compares, for several problems stacked at once."""
+        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
+        return [
+            rule.gradient(captures[id(rule.module)][0], grad_of[id(rule.module)], groups)
+            for rule in self.rules
+        ]
+
+    def _captured(
+        self, loss_of: Callable[[], torch.Tensor], rows: int, groups: int, create_graph: bool
+    ) -> tuple[dict[int, list[Capture]], dict[int, torch.Tensor]]:
+        """Run ``loss_of`` with the hooks on: each module's capture and its output gradient."""
+        with self._capturing(rows) as captures:
+            loss = loss_of()
+        for module in self.modules:  # not run, or run twice: the capture would be ambiguous
+            if len(captures[id(module)]) != 1:
+                runs = len(captures[id(module)])
+                raise GhostUnsupported(f"{type(module).__name__} ran {runs} times")
+        outputs = [captures[id(m)][0].output for m in self.modules]
+        # Each group's loss is the mean over its own rows: the stacked mean times ``groups``.
+        grads = torch.autograd.grad(
+            loss * groups, outputs, create_graph=create_graph, allow_unused=True
+        )
+        grad_of = {
+            id(m): torch.zeros_like(o) if g is None else g
+            for m, o, g in zip(self.modules, outputs, grads, strict=True)
+        }
+        return captures, grad_of
 
     @contextmanager
     def _capturing(self, rows: int) -> Iterator[dict[int, list[Capture]]]:

@@ -17,6 +17,8 @@ is :mod:`gradleak.attacks.targets`.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import nn
 from torch.func import grad, vmap
@@ -231,6 +233,37 @@ class GradientMatcher:
             torch.allclose(norm[0] / scale, expected_norm / scale, atol=1e-4)
         )
         return ghost if agree else None
+
+    @cached_property
+    def captures(self) -> GhostStatistics | None:
+        """What forms each group's statistics or gradients from module captures, where it
+        applies (the ghost path's conditions), checked against autograd once: the ghost path
+        itself for the cosine, else a check that the gradients it forms are autograd's.
+        Stacked attacks (:mod:`gradleak.attacks.optimization.stack`) read it."""
+        if self.ghost is not None:
+            return self.ghost
+        if self.simulator is not None or self.knowledge.template_ids is None:
+            return None
+        try:
+            captures = GhostStatistics(self.model, self.specs, self.targets)
+            embeds, labels, ids = self._probe_input()
+            with eval_mode(self.model), torch.enable_grad():
+                formed = captures.gradients(
+                    lambda: self._loss_module(embeds, labels, ids), embeds.shape[0], 1, False
+                )
+                dummy = self._autograd_gradients(embeds, labels, ids, create_graph=False)
+        except GhostUnsupported:
+            return None
+        for by_captures, by_autograd in zip(formed, dummy, strict=True):
+            scale = by_autograd.abs().max().clamp_min(1e-30)
+            if not torch.allclose(by_captures[0] / scale, by_autograd / scale, atol=1e-4):
+                return None
+        return captures
+
+    @property
+    def task_loss(self) -> TaskLoss:
+        """The loss module of (embeddings, labels, LM targets, mask, token types)."""
+        return self._loss_module
 
     @property
     def _names(self) -> set[str]:

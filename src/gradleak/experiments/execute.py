@@ -150,6 +150,7 @@ def run_experiment(
     device: torch.device | str = "cpu",
     limit: int | None = None,
     data_dir: str | None = None,
+    stack: int | str = 1,
     progress: GridProgress | None = None,
     utility_progress: UtilityProgress | None = None,
 ) -> ExperimentRun:
@@ -159,7 +160,7 @@ def run_experiment(
     Cells already finished there are not run again, and part-way cells resume. A cell whose
     run fails (a dataset too small for its inputs, an attack that cannot apply) is reported
     in the result's ``errors`` and the grid goes on. ``limit`` runs at most the first
-    ``limit`` inputs of each cell. ``workers``, ``device``: as ``gradleak.run``.
+    ``limit`` inputs of each cell. ``workers``, ``device``, ``stack``: as ``gradleak.run``.
 
     An experiment with a ``utility:`` section then fine-tunes each distinct scenario of its
     grid once (not again on a re-run) and keeps its dev metrics beside the cells'."""
@@ -178,7 +179,7 @@ def run_experiment(
         for cell in experiment.cells:  # every planned cell, so a report shows what is to come
             database.cell_results(cell, device).start()
         run_cells(experiment.cells, database, result, workers=workers, device=device,
-                  limit=limit, progress=progress)  # fmt: skip
+                  limit=limit, progress=progress, stack=stack)  # fmt: skip
         if experiment.utility is not None:
             database.set_meta("utility", experiment.utility.model_dump_json())
             result.utility_errors = measure_cells(
@@ -197,6 +198,7 @@ def run_cells(
     device: str = "cpu",
     limit: int | None = None,
     progress: GridProgress | None = None,
+    stack: int | str = 1,
 ) -> None:
     """Run ``cells`` in order into ``database``, adding each one's record (or its error) to
     ``result``: the loop of :func:`run_experiment`, for callers that make their own cells."""
@@ -216,7 +218,7 @@ def run_cells(
         store = database.cell_results(cell, device)
         try:
             record = runner.run(cell.config, progress=report, workers=workers, device=device,
-                                limit=limit, store=store)  # fmt: skip
+                                limit=limit, store=store, stack=stack)  # fmt: skip
         except GradleakError as exc:
             result.errors[cell.name] = str(exc)
             continue

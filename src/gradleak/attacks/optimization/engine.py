@@ -24,9 +24,10 @@ DLG and TAG leave them all off and behave exactly as before they existed; ``norm
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from gradleak import devices
 from gradleak.attacks import initialization as init
 from gradleak.attacks.adaptive import adaptation_for, adapted_distance
-from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction
+from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, StackItem
 from gradleak.attacks.discrete import candidate_permutations, transform_of
 from gradleak.attacks.objective import GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
@@ -44,6 +45,7 @@ from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
     OptimizationSettings,
 )
+from gradleak.attacks.optimization.stack import StackedObjective, stack_key
 from gradleak.attacks.optimization.workspace import (
     DummyBatch,
     Workspace,
@@ -67,6 +69,30 @@ class _Outcome:
     best_loss: float
     info: dict[str, Any]
     trace: list[float]  # the matching loss (with the regularizer) at every step
+
+
+@dataclass
+class _Problem:
+    """One update under attack: its workspace, label assignments and random stream, and what
+    the optimization has found for it so far (several are optimized together in a stack)."""
+
+    ws: Workspace
+    assignments: list[dict[str, torch.Tensor] | None]
+    generator: torch.Generator
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=lambda: {"start": 0.0, "discrete": 0.0})
+    dummy: DummyBatch | None = None
+    best_loss: float = float("inf")
+    best_free: torch.Tensor | None = None
+    trace: list[float] = field(default_factory=list)
+    accepted: Counter[str] = field(default_factory=Counter)
+    rounds: int = 0
+    error: str | None = None  # why it stopped early (a non-finite loss or gradient)
+
+    def outcome(self) -> _Outcome:
+        return _Outcome(
+            free=self.best_free, best_loss=self.best_loss, info=self.info, trace=self.trace
+        )
 
 
 class OptimizationAttack(Attack[OptimizationSettings]):
@@ -166,22 +192,73 @@ class OptimizationAttack(Attack[OptimizationSettings]):
     ) -> Reconstruction:
         s = self.settings
         prior = self.prior_for(knowledge)  # before seeding: loading a model reseeds torch
-        generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
-        ws = self.workspace(update, knowledge)
-        matcher = ws.matcher
-        assignments = label_assignments(knowledge, s.label_search)
+        problem = self._problem(update, knowledge, seed)
+        ws, assignments = problem.ws, problem.assignments
         if s.label_search == "full" and len(assignments) > 1:
             outcomes = []
             for labels in assignments:
-                matcher.labels = labels
-                outcomes.append(self._attack(ws, [labels], prior, generator))
+                ws.matcher.labels = labels
+                outcomes.append(self._attack(ws, [labels], prior, problem.generator))
             chosen = min(range(len(outcomes)), key=lambda i: outcomes[i].best_loss)
             outcome = outcomes[chosen]
             outcome.info["labels"] = assignments[chosen]["label"].tolist()
             outcome.info["label_losses"] = [o.best_loss for o in outcomes]
         else:
-            outcome = self._attack(ws, assignments, prior, generator)
+            outcome = self._attack(ws, assignments, prior, problem.generator)
+        return self._reconstruction(ws, outcome)
+
+    def run_many(self, items: list[StackItem]) -> list[Reconstruction | AttackFailed]:
+        """Attack several updates, optimizing those that can share a stack together (see
+        :mod:`gradleak.attacks.optimization.stack`): each result is the one :meth:`run` gives
+        up to floating-point summation order. Updates that cannot be stacked (a train-mode
+        attacker, a full label search, joint LM labels, a distance without ghost statistics)
+        run one by one."""
+        if not items:
+            return []
+        prior = self.prior_for(items[0].knowledge)
+        results: list[Reconstruction | AttackFailed | None] = [None] * len(items)
+        stacks: dict[tuple, list[tuple[int, _Problem]]] = {}
+        for i, item in enumerate(items):
+            problem = self._problem(item.update, item.knowledge, item.seed)
+            key = self._stack_key(problem)
+            if key is None:
+                results[i] = self.attempt(item)
+            else:
+                stacks.setdefault(key, []).append((i, problem))
+        for members in stacks.values():
+            problems = [problem for _, problem in members]
+            self._optimize(problems, prior)
+            for (i, _), problem in zip(members, problems, strict=True):
+                if problem.error is not None:
+                    results[i] = AttackFailed(problem.error)
+                    continue
+                reconstruction = self._reconstruction(problem.ws, problem.outcome())
+                reconstruction.stack_size = len(problems)
+                results[i] = reconstruction
+        return results
+
+    def _problem(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> _Problem:
+        """One update's workspace, label assignments and random stream."""
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
+        ws = self.workspace(update, knowledge)
+        assignments = label_assignments(knowledge, self.settings.label_search)
+        return _Problem(ws=ws, assignments=assignments, generator=generator)
+
+    def _stack_key(self, problem: _Problem) -> tuple | None:
+        """What ``problem`` must share with others to be stacked (None: it runs alone)."""
+        s = self.settings
+        task = problem.ws.matcher.knowledge.global_model.task
+        if s.label_search == "full" and len(problem.assignments) > 1:
+            return None  # one optimization per assignment
+        if s.joint_labels(task):
+            return None
+        return stack_key(problem.ws)
+
+    def _reconstruction(self, ws: Workspace, outcome: _Outcome) -> Reconstruction:
+        """The token ids of the best iterate, and what the record says about the run."""
+        s = self.settings
+        matcher, knowledge = ws.matcher, ws.matcher.knowledge
         with torch.no_grad():
             ids = ws.ids(outcome.free)
         token_ids = [
@@ -217,66 +294,131 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         prior: LanguagePrior | None,
         generator: torch.Generator,
     ) -> _Outcome:
-        """Start, then alternate continuous steps and discrete rounds; keep the best iterate."""
+        """One update's optimization (a stack of one); a non-finite loss raises."""
+        problem = _Problem(ws=ws, assignments=assignments, generator=generator)
+        self._optimize([problem], prior)
+        if problem.error is not None:
+            raise AttackFailed(problem.error)
+        return problem.outcome()
+
+    def _optimize(self, problems: list[_Problem], prior: LanguagePrior | None) -> None:
+        """Start each problem, then alternate continuous steps (all problems in one stacked
+        pass when there are several) and each problem's discrete rounds, keeping each one's
+        best iterate. A problem whose loss or gradient turns non-finite stops with ``error``
+        set; the others go on."""
         s = self.settings
-        info: dict[str, Any] = {}
+        starts = []
+        for problem in problems:
+            began = time.perf_counter()
+            starts.append(
+                self._start(problem.ws, problem.assignments, problem.generator, problem.info)
+            )
+            problem.seconds["start"] = time.perf_counter() - began
         began = time.perf_counter()
-        free = self._start(ws, assignments, generator, info)
-        seconds = {"start": time.perf_counter() - began, "discrete": 0.0}
-        init_size = info.get("init_size")
-        dummy = DummyBatch(free=free, fixed=ws.fixed, free_mask=ws.free_mask)
-        dummy.free.requires_grad_(True)
-        label_logits = self._dummy_labels(ws, generator)
-        variables = [dummy.free] if label_logits is None else [dummy.free, label_logits]
+        stacked = StackedObjective.build([p.ws for p in problems]) if len(problems) > 1 else None
+        free = (
+            stacked.pad(starts) if stacked is not None else starts[0][None].clone()
+        ).requires_grad_(True)
+        for p, problem in enumerate(problems):
+            view = stacked.view(free, p) if stacked is not None else free[0]
+            problem.dummy = DummyBatch(
+                free=view, fixed=problem.ws.fixed, free_mask=problem.ws.free_mask
+            )
+            problem.best_free = view.detach().clone()
+        label_logits = None
+        if stacked is None:
+            label_logits = self._dummy_labels(problems[0].ws, problems[0].generator)
+        variables = [free] if label_logits is None else [free, label_logits]
         optimizer = torch.optim.Adam(variables, lr=s.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, s.lr_decay_every, gamma=s.lr_decay)
-        best_loss, best_free = float("inf"), dummy.free.detach().clone()
-        trace: list[float] = []
-        accepted: Counter[str] = Counter()
-        rounds = 0
+        discrete_s = 0.0
         for step in range(s.steps):
             optimizer.zero_grad(set_to_none=True)
+            losses = self._losses(problems, stacked, free, label_logits)
+            values = losses.tolist()
+            for problem, value in zip(problems, values, strict=True):
+                if problem.error is not None:
+                    continue
+                if not math.isfinite(value):
+                    problem.error = f"{self.name}: the matching loss became {value} at step {step}"
+                    continue
+                problem.trace.append(value)
+                if value <= problem.best_loss:  # the reference keeps the best iterate
+                    problem.best_loss, problem.best_free = (
+                        value,
+                        problem.dummy.free.detach().clone(),
+                    )
+            live = [p for p, problem in enumerate(problems) if problem.error is None]
+            if not live:
+                break
+            # Only the dummy variables' gradients: backward() would also fill every matched
+            # parameter's .grad (second-order terms included), which nothing reads.
+            grads = torch.autograd.grad(
+                losses[live].sum() if stacked is not None else losses.sum(), variables
+            )
+            for variable, gradient in zip(variables, grads, strict=True):
+                variable.grad = gradient
+            for p in live:  # Adam would spread a non-finite gradient over the problem
+                if not all(torch.isfinite(g[p] if g is grads[0] else g).all() for g in grads):
+                    problems[p].error = (
+                        f"{self.name}: the gradient of the matching loss became non-finite at "
+                        f"step {step} (loss {values[p]:.4g})"
+                    )
+            for p, problem in enumerate(problems):
+                if problem.error is not None:
+                    free.grad[p].zero_()
+            if all(problem.error is not None for problem in problems):
+                break
+            optimizer.step()
+            scheduler.step()
+            if self._discrete_due(step):
+                for problem in problems:
+                    if problem.error is not None:
+                        continue
+                    round_began = time.perf_counter()
+                    self._discrete_round(
+                        problem.ws, problem.dummy, prior, problem.generator, problem.accepted
+                    )
+                    problem.seconds["discrete"] += time.perf_counter() - round_began
+                    discrete_s += time.perf_counter() - round_began
+                    problem.rounds += 1
+        continuous = (time.perf_counter() - began - discrete_s) / len(problems)
+        for problem in problems:
+            problem.seconds["continuous"] = continuous
+            info = problem.info
+            info["seconds"] = {phase: round(value, 3) for phase, value in problem.seconds.items()}
+            if label_logits is not None:
+                info["lm_labels"] = "joint"
+            if s.discrete_every > 0:
+                info["discrete_rounds"] = problem.rounds
+                info["accepted_transforms"] = dict(sorted(problem.accepted.items()))
+                info["prior"] = prior.name if prior is not None else NO_PRIOR
+
+    def _losses(
+        self,
+        problems: list[_Problem],
+        stacked: StackedObjective | None,
+        free: torch.Tensor,
+        label_logits: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Each problem's loss (``[P]``): its matching loss plus LAMP's norm regularizer."""
+        s = self.settings
+        if stacked is not None:
+            losses = stacked.losses(free)
+        else:
+            ws, dummy = problems[0].ws, problems[0].dummy
             if label_logits is not None:
                 ids = ws.soft_targets(label_logits)
             else:
                 ids = ws.ids(dummy.free) if ws.needs_ids else None
-            loss = ws.matcher.loss(dummy.embeds(), ids)
-            if s.alpha_reg > 0:
-                norms = dummy.free.norm(dim=-1)[ws.free_mask[..., 0]]
-                loss = loss + s.alpha_reg * (norms.mean() - init_size) ** 2
-            if not torch.isfinite(loss):
-                raise AttackFailed(
-                    f"{self.name}: the matching loss became {loss.item()} at step {step}"
-                )
-            trace.append(loss.item())
-            if loss.item() <= best_loss:  # the reference keeps the best iterate, not the last
-                best_loss, best_free = loss.item(), dummy.free.detach().clone()
-            # Only the dummy variables' gradients: backward() would also fill every matched
-            # parameter's .grad (second-order terms included), which nothing reads.
-            grads = torch.autograd.grad(loss, variables)
-            for variable, gradient in zip(variables, grads, strict=True):
-                variable.grad = gradient
-            if not all(torch.isfinite(g).all() for g in grads):  # Adam would spread it everywhere
-                raise AttackFailed(
-                    f"{self.name}: the gradient of the matching loss became non-finite at step "
-                    f"{step} (loss {loss.item():.4g})"
-                )
-            optimizer.step()
-            scheduler.step()
-            if self._discrete_due(step):
-                round_began = time.perf_counter()
-                self._discrete_round(ws, dummy, prior, generator, accepted)
-                seconds["discrete"] += time.perf_counter() - round_began
-                rounds += 1
-        seconds["continuous"] = time.perf_counter() - began - seconds["start"] - seconds["discrete"]
-        info["seconds"] = {phase: round(value, 3) for phase, value in seconds.items()}
-        if label_logits is not None:
-            info["lm_labels"] = "joint"
-        if s.discrete_every > 0:
-            info["discrete_rounds"] = rounds
-            info["accepted_transforms"] = dict(sorted(accepted.items()))
-            info["prior"] = prior.name if prior is not None else NO_PRIOR
-        return _Outcome(free=best_free, best_loss=best_loss, info=info, trace=trace)
+            losses = ws.matcher.loss(dummy.embeds(), ids)[None]
+        if s.alpha_reg > 0:
+            terms = []
+            for problem in problems:
+                norms = problem.dummy.free.norm(dim=-1)[problem.ws.free_mask[..., 0]]
+                terms.append(s.alpha_reg * (norms.mean() - problem.info["init_size"]) ** 2)
+            losses = losses + torch.stack(terms)
+        return losses
 
     def _dummy_labels(self, ws: Workspace, generator: torch.Generator) -> torch.Tensor | None:
         """DLG's dummy labels for a causal LM with ``lm_labels="joint"``: logits of a
