@@ -293,3 +293,22 @@ def test_the_fused_l2_l1_backward_is_autograds_bit_for_bit(name, scale):
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     with torch.no_grad():  # the plain form where no gradient is taken (and under vmap)
         assert torch.equal(DISTANCES[name](dummies, targets), plain.detach())
+
+
+@pytest.mark.parametrize("name", ["l2", "tag"])
+def test_the_grouped_distance_is_each_problems_own(name):
+    """Stacked attacks compare P problems at once: problem p's value and gradient are those
+    of the distance on its own tensors."""
+    torch.manual_seed(1)
+    shapes = [(3, 40, 20), (3, 20)]
+    targets = [torch.randn(s) for s in shapes]
+    dummies = [torch.randn(s, requires_grad=True) for s in shapes]
+    distance = DISTANCES[name]
+    together = distance.grouped(dummies, targets)
+    grads = torch.autograd.grad(together.sum(), dummies)
+    for p in range(3):
+        own = [d[p].detach().requires_grad_(True) for d in dummies]
+        alone = distance(own, [t[p] for t in targets])
+        assert together[p].item() == pytest.approx(alone.item(), rel=1e-6)
+        for g, o in zip(grads, torch.autograd.grad(alone, own), strict=True):
+            assert torch.allclose(g[p], o, rtol=1e-6, atol=1e-7)
