@@ -8,12 +8,14 @@ Suites:
                  (--batches inputs; each phase's seconds).
   throughput     LAMP_cos on --batches CoLA inputs at the paper budget: one process with
                  --threads threads vs two worker processes sharing them (wall s per input).
+  stack_step     one continuous step of LAMP_cos, TAG and DLG on P = 1, 4, 8, 16 MiniLM CoLA
+                 inputs, one by one vs stacked (--stack), and each in forward passes.
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
   dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
                  MiniLM, CoLA B=8.
   lamp_main      DLG, TAG, LAMP_cos, LAMP_L2+L1 on MiniLM, CoLA / SST-2 / RT, B=1, eval mode.
-  lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4.
+  lamp_batch     TAG and LAMP_cos on CoLA, B = 1, 2, 4, 8.
   lamp_ablation  LAMP_cos on CoLA without the prior, the regularizer, the discrete steps.
   lamp_dropout   LAMP_cos on CoLA: EVAL, TRAIN, TRAIN_EVAL at dropout 0, 0.1, 0.3.
   lamp_partial   LAMP_cos on CoLA from partial updates: all layers, layer 3, its q/k/v/o/f/p.
@@ -73,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import lti_speed  # noqa: E402
+import stack_step  # noqa: E402
 import suites_dager  # noqa: E402
 import suites_defenses  # noqa: E402
 import suites_lamp  # noqa: E402
@@ -98,6 +101,7 @@ TIMED_SUITES = {
     **dp_step.SUITES,
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
+    **stack_step.SUITES,
 }
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
 DEFAULT_SIZES = {

@@ -203,3 +203,21 @@ def test_a_bad_stack_is_one_clear_error(bad):
 
     with pytest.raises(GradleakError, match="stack must be"):
         runner.run(config_from_options(RUN), stack=bad)
+
+
+def test_the_command_line_stacks_on_request(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gradleak.cli import app
+
+    out = tmp_path / "run.json"
+    args = ["attack", "--model", "tiny-bert", "--mode", "eval", "--attack", "lamp-cos",
+            "--prior", "none", "--steps", "3", "--n-inputs", "2", "--stack", "2",
+            "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [s["stacked"] for s in json.loads(out.read_text())["samples"]] == [2, 2]
+    bad = CliRunner().invoke(app, [*args[:-2], "--stack", "many"])
+    assert bad.exit_code != 0 and "stack must be a number of inputs or 'auto'" in bad.output

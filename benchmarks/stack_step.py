@@ -1,0 +1,125 @@
+"""What stacking buys per continuous step: P CoLA updates stepped one by one against one
+stacked pass, in one process, for each optimization distance; and each step's cost in
+forward passes, the unit that says how far a step is from the forward it is built on."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from report import write_results
+
+from gradleak.attacks.optimization.stack import StackedObjective
+from gradleak.options import config_from_options
+from gradleak.recipe import client_round, prepare
+from gradleak.runner import input_tokens
+
+ATTACKS = ("lamp-cos", "tag", "dlg")
+SIZES = (1, 4, 8, 16)
+ROUNDS = 4  # alternating rounds of each arm; the fastest is kept (the machine is shared)
+
+
+def _fastest(
+    arms: dict[str, Callable[[], None]], rounds: int = ROUNDS, calls: int = 2
+) -> dict[str, float]:
+    """Each arm's fastest mean seconds over ``calls`` calls, the arms alternating."""
+    best = dict.fromkeys(arms, float("inf"))
+    for _ in range(rounds):
+        for name, work in arms.items():
+            work()
+            began = time.perf_counter()
+            for _ in range(calls):
+                work()
+            best[name] = min(best[name], (time.perf_counter() - began) / calls)
+    return best
+
+
+def stack_step(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """For each attack and stack size P: the same P inputs of similar length (CoLA's middle
+    lengths, as ``--stack`` groups them) stepped one by one and stacked."""
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    rows = []
+    pool = max(SIZES) * 3
+    for attack in ATTACKS:
+        config = config_from_options(
+            {"model": "minilm", "dataset": "cola", "data_dir": data_dir, "attack": attack,
+             "mode": "eval", "n_inputs": pool}
+        )  # fmt: skip
+        prepared = prepare(config, "cpu")
+        tokens = input_tokens(prepared)
+        by_length = sorted(range(pool), key=lambda index: (tokens[index], index))
+        middle = by_length[max(SIZES) : 2 * max(SIZES)]
+        rounds = {i: client_round(config, prepared, i) for i in middle}
+        for size in SIZES:
+            chosen = middle[:size]
+            workspaces = [
+                prepared.attack.workspace(rounds[i].update, rounds[i].knowledge) for i in chosen
+            ]
+            rows.append(_measure(attack, workspaces))
+            print(rows[-1], flush=True)
+    notes = (
+        f"MiniLM, CoLA B=1, eval mode, {threads} torch thread(s), one process. A step is the "
+        "matching loss and its gradient in the dummy embeddings (forward, backward with graph, "
+        "the distance, the double backward). Arms alternate; the fastest of "
+        f"{ROUNDS} rounds is kept. 'forwards' divides a step by one forward of the same rows "
+        "(one input's for one by one, the stack's for stacked)."
+    )
+    for path in write_results(out_dir, "stack_step", rows, started, notes):
+        print(f"wrote {path}")
+
+
+def _measure(attack: str, workspaces: list) -> dict:
+    """One row: the workspaces' steps one by one and stacked, per input, and in forwards."""
+    size = len(workspaces)
+    generator = torch.Generator().manual_seed(0)
+    width = workspaces[0].embedding.shape[1]
+    frees = [
+        torch.randn(*ws.template.shape, width, generator=generator).requires_grad_(True)
+        for ws in workspaces
+    ]
+    stacked = StackedObjective.build(workspaces) if size > 1 else None
+    free = stacked.pad([f.detach() for f in frees]).requires_grad_(True) if stacked else None
+    module = workspaces[0].matcher.task_loss
+    first = workspaces[0]
+
+    def one_by_one() -> None:
+        for ws, part in zip(workspaces, frees, strict=True):
+            loss = ws.matcher.loss(torch.where(ws.free_mask, part, ws.fixed))
+            torch.autograd.grad(loss, [part])
+
+    def together() -> None:
+        torch.autograd.grad(stacked.losses(free).sum(), [free])
+
+    @torch.no_grad()
+    def forward_one() -> None:
+        module(torch.where(first.free_mask, frees[0], first.fixed), first.matcher.labels)
+
+    @torch.no_grad()
+    def forward_stack() -> None:
+        embeds = torch.where(stacked.free_mask, free, stacked.fixed).flatten(0, 1)
+        module(embeds, stacked.labels, None, stacked.attention_mask, stacked.token_type_ids)
+
+    arms = {"alone": one_by_one, "forward one": forward_one}
+    if stacked is not None:
+        arms |= {"stacked": together, "forward stack": forward_stack}
+    seconds = _fastest(arms)
+    row = {
+        "attack": attack,
+        "P": size,
+        "tokens": [ws.template.shape[1] for ws in workspaces][-1],
+        "one by one ms/input": 1000 * seconds["alone"] / size,
+        "one by one forwards": seconds["alone"] / size / seconds["forward one"],
+    }
+    if stacked is not None:
+        row |= {
+            "stacked ms/input": 1000 * seconds["stacked"] / size,
+            "stacked forwards": seconds["stacked"] / seconds["forward stack"],
+            "speedup": seconds["alone"] / seconds["stacked"],
+        }
+    return row
+
+
+SUITES = {"stack_step": stack_step}
