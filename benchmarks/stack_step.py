@@ -109,10 +109,11 @@ def _measure(attack: str, workspaces: list) -> dict:
     row = {
         "attack": attack,
         "P": size,
-        "tokens": [ws.template.shape[1] for ws in workspaces][-1],
+        "tokens": workspaces[-1].template.shape[1],
         "one by one ms/input": 1000 * seconds["alone"] / size,
         "one by one forwards": seconds["alone"] / size / seconds["forward one"],
     }
+    row |= {"stacked ms/input": None, "stacked forwards": None, "speedup": None}
     if stacked is not None:
         row |= {
             "stacked ms/input": 1000 * seconds["stacked"] / size,

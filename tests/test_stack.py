@@ -108,6 +108,16 @@ def test_materialized_distances_stack_too(tiny_victim, name):
     assert_same_results(attack.run_many(items), one_by_one(attack, items))
 
 
+def test_materialized_distances_stack_at_most_four(tiny_victim):
+    from gradleak.attacks.optimization.engine import MATERIALIZED_STACK_LIMIT
+
+    victim = tiny_victim("tiny-bert")
+    items = items_for(victim, [[t] for t in TEXTS + TEXTS[:1]])
+    results = make_attack("tag", steps=2).run_many(items)
+    assert MATERIALIZED_STACK_LIMIT == 4
+    assert [r.stack_size for r in results] == [4, 4, 4, 4, 1]
+
+
 def test_unstackable_updates_run_alone(tiny_victim):
     victim = tiny_victim("tiny-bert")
     train = Protocol(mode="train")

@@ -39,7 +39,7 @@ from gradleak.attacks import initialization as init
 from gradleak.attacks.adaptive import adaptation_for, adapted_distance
 from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, StackItem
 from gradleak.attacks.discrete import candidate_permutations, transform_of
-from gradleak.attacks.objective import GradientMatcher, matchable_specs
+from gradleak.attacks.objective import DISTANCES, GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
 from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
@@ -61,6 +61,8 @@ from gradleak.models.tasks import unwrap
 
 # Memory for one batched scoring call: per-candidate gradients are materialized.
 SCORE_MEMORY_BYTES = 2**30
+# Updates per stacked pass for a distance on materialized gradients (see _stack_limit).
+MATERIALIZED_STACK_LIMIT = 4
 
 
 @dataclass
@@ -225,7 +227,13 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 results[i] = self.attempt(item)
             else:
                 stacks.setdefault(key, []).append((i, problem))
-        for members in stacks.values():
+        limit = self._stack_limit()
+        parts = [
+            members[start : start + limit]
+            for members in stacks.values()
+            for start in range(0, len(members), limit)
+        ]
+        for members in parts:
             problems = [problem for _, problem in members]
             self._optimize(problems, prior)
             for (i, _), problem in zip(members, problems, strict=True):
@@ -244,6 +252,15 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         ws = self.workspace(update, knowledge)
         assignments = label_assignments(knowledge, self.settings.label_search)
         return _Problem(ws=ws, assignments=assignments, generator=generator)
+
+    def _stack_limit(self) -> int:
+        """The most updates one stacked pass takes. A distance on materialized gradients (DLG,
+        TAG, LAMP_L2+L1) walks every input's ten million entries whatever the stack, so its
+        gain is the shared forward and backward alone and fades as the stack grows
+        (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16)."""
+        if DISTANCES[self.settings.distance].from_statistics is None:
+            return MATERIALIZED_STACK_LIMIT
+        return 2**31
 
     def _stack_key(self, problem: _Problem) -> tuple | None:
         """What ``problem`` must share with others to be stacked (None: it runs alone)."""
