@@ -213,8 +213,8 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         """Attack several updates, optimizing those that can share a stack together (see
         :mod:`gradleak.attacks.optimization.stack`): each result is the one :meth:`run` gives
         up to floating-point summation order. Updates that cannot be stacked (a train-mode
-        attacker, a full label search, joint LM labels, a distance without ghost statistics)
-        run one by one."""
+        attacker, a full label search, joint LM labels, a per-tensor normalized distance, a
+        simulated FedAvg round) run one by one."""
         if not items:
             return []
         prior = self.prior_for(items[0].knowledge)
