@@ -231,3 +231,13 @@ def test_the_command_line_stacks_on_request(tmp_path):
     assert [s["stacked"] for s in json.loads(out.read_text())["samples"]] == [2, 2]
     bad = CliRunner().invoke(app, [*args[:-2], "--stack", "many"])
     assert bad.exit_code != 0 and "stack must be a number of inputs or 'auto'" in bad.output
+
+
+def test_auto_leaves_each_worker_two_blocks_at_least():
+    from gradleak import runner
+    from gradleak.recipe import prepare
+
+    prepared = prepare(config_from_options(RUN), "cpu")
+    alone = runner.stack_size("auto", prepared, "cpu", 20, 1)
+    assert runner.stack_size("auto", prepared, "cpu", 20, 2) == min(alone, 5)
+    assert runner.stack_size("auto", prepared, "cpu", 3, 2) == 1

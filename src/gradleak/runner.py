@@ -76,7 +76,7 @@ def run(
     for count, index in enumerate(sorted(done), 1):
         if progress:
             progress(count, len(wanted), done[index])
-    size = stack_size(stack, prepared, device)
+    size = stack_size(stack, prepared, device, len(wanted), workers)
     blocks = [
         block
         for whole in stack_blocks(prepared, len(wanted), size)
@@ -88,6 +88,10 @@ def run(
         check_workers_can_build(config)
         # each worker loads its own prior: this process's copy would only hold memory
         prepared.attack.release()
+        # the longest blocks first: the workers then end close together (blocks and results
+        # are the same in any order)
+        tokens = input_tokens(prepared)
+        blocks.sort(key=lambda block: -sum(tokens[i] for i in block))
         new_samples = attack_in_workers(config, blocks, workers, device)
     else:
         new_samples = (s for block in blocks for s in attack_inputs(config, prepared, block))
@@ -127,10 +131,18 @@ def requested_stack(stack: int | str) -> int | str:
     return stack
 
 
-def stack_size(stack: int | str, prepared: Prepared, device: torch.device | str) -> int:
+def stack_size(
+    stack: int | str,
+    prepared: Prepared,
+    device: torch.device | str,
+    inputs: int | None = None,
+    workers: int = 1,
+) -> int:
     """The inputs handed to the attack at a time: ``stack`` itself, or for ``"auto"`` as many
     as fill :data:`AUTO_STACK_TOKENS` with the inputs' mean token count (1 for an attack that
-    attacks updates one by one anyway)."""
+    attacks updates one by one anyway), and no more than leave each of ``workers`` two blocks
+    of the run's ``inputs``: one block per worker would leave the worker with the long inputs
+    running alone long after the other."""
     stack = requested_stack(stack)
     if stack == "auto":
         if type(prepared.attack).run_many is Attack.run_many:
@@ -138,7 +150,10 @@ def stack_size(stack: int | str, prepared: Prepared, device: torch.device | str)
         tokens = input_tokens(prepared)
         per_input = max(1.0, sum(tokens) / max(1, len(tokens)))
         budget = AUTO_STACK_TOKENS.get(torch.device(device).type, AUTO_STACK_TOKENS["cpu"])
-        return max(1, min(MAX_AUTO_STACK, int(budget // per_input)))
+        size = min(MAX_AUTO_STACK, int(budget // per_input))
+        if inputs is not None and workers > 1:
+            size = min(size, -(-inputs // (2 * workers)))
+        return max(1, size)
     return stack
 
 
