@@ -39,7 +39,7 @@ from gradleak.attacks import initialization as init
 from gradleak.attacks.adaptive import adaptation_for, adapted_distance
 from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, StackItem
 from gradleak.attacks.discrete import candidate_permutations, transform_of
-from gradleak.attacks.objective import DISTANCES, GradientMatcher, matchable_specs
+from gradleak.attacks.objective import GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
 from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
@@ -221,16 +221,19 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         results: list[Reconstruction | AttackFailed | None] = [None] * len(items)
         stacks: dict[tuple, list[tuple[int, _Problem]]] = {}
         for i, item in enumerate(items):
-            problem = self._problem(item.update, item.knowledge, item.seed)
-            key = self._stack_key(problem)
+            # settings that rule stacking out are known before a workspace is built
+            problem = None
+            if self._settings_stack(item.knowledge):
+                problem = self._problem(item.update, item.knowledge, item.seed)
+            key = None if problem is None else stack_key(problem.ws)
             if key is None:
                 results[i] = self.attempt(item)
             else:
                 stacks.setdefault(key, []).append((i, problem))
-        limit = self._stack_limit()
         parts = [
             members[start : start + limit]
             for members in stacks.values()
+            for limit in [self._stack_limit(members[0][1])]
             for start in range(0, len(members), limit)
         ]
         for members in parts:
@@ -253,24 +256,23 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         assignments = label_assignments(knowledge, self.settings.label_search)
         return _Problem(ws=ws, assignments=assignments, generator=generator)
 
-    def _stack_limit(self) -> int:
+    def _stack_limit(self, problem: _Problem) -> int:
         """The most updates one stacked pass takes. A distance on materialized gradients (DLG,
         TAG, LAMP_L2+L1) walks every input's ten million entries whatever the stack, so its
         gain is the shared forward and backward alone and fades as the stack grows
         (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16)."""
-        if DISTANCES[self.settings.distance].from_statistics is None:
+        if problem.ws.matcher.distance.from_statistics is None:
             return MATERIALIZED_STACK_LIMIT
         return 2**31
 
-    def _stack_key(self, problem: _Problem) -> tuple | None:
-        """What ``problem`` must share with others to be stacked (None: it runs alone)."""
+    def _settings_stack(self, knowledge: ServerKnowledge) -> bool:
+        """Whether the settings let this update share a stack (the workspace may still
+        refuse, :func:`~gradleak.attacks.optimization.stack.stack_key`): not with one
+        optimization per label assignment, nor with joint LM labels."""
         s = self.settings
-        task = problem.ws.matcher.knowledge.global_model.task
-        if s.label_search == "full" and len(problem.assignments) > 1:
-            return None  # one optimization per assignment
-        if s.joint_labels(task):
-            return None
-        return stack_key(problem.ws)
+        if s.label_search == "full" and len(label_assignments(knowledge, s.label_search)) > 1:
+            return False
+        return not s.joint_labels(knowledge.global_model.task)
 
     def _reconstruction(self, ws: Workspace, outcome: _Outcome) -> Reconstruction:
         """The token ids of the best iterate, and what the record says about the run."""
@@ -370,22 +372,20 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 break
             # Only the dummy variables' gradients: backward() would also fill every matched
             # parameter's .grad (second-order terms included), which nothing reads.
-            grads = torch.autograd.grad(
-                losses[live].sum() if stacked is not None else losses.sum(), variables
-            )
+            grads = torch.autograd.grad(losses[live].sum(), variables)
             for variable, gradient in zip(variables, grads, strict=True):
                 variable.grad = gradient
+            labels_finite = all(torch.isfinite(g).all() for g in grads[1:])  # one problem's
             for p in live:  # Adam would spread a non-finite gradient over the problem
-                if not all(torch.isfinite(g[p] if g is grads[0] else g).all() for g in grads):
+                if not (labels_finite and torch.isfinite(free.grad[p]).all()):
                     problems[p].error = (
                         f"{self.name}: the gradient of the matching loss became non-finite at "
                         f"step {step} (loss {values[p]:.4g})"
                     )
-            for p, problem in enumerate(problems):
-                if problem.error is not None:
-                    free.grad[p].zero_()
-            if all(problem.error is not None for problem in problems):
+            failed = [p for p, problem in enumerate(problems) if problem.error is not None]
+            if len(failed) == len(problems):
                 break
+            free.grad[failed] = 0.0
             optimizer.step()
             scheduler.step()
             if self._discrete_due(step):
