@@ -1,0 +1,111 @@
+"""The two phases of an optimization attack around its continuous steps: the start (one
+Gaussian draw, or LAMP's search over 500 draws and 500 orders) and LAMP's discrete rounds
+(reorderings of each sentence scored by matching loss plus the LM prior)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from gradleak import devices
+from gradleak.attacks import initialization as init
+from gradleak.attacks.discrete import candidate_permutations, transform_of
+from gradleak.attacks.optimization.settings import OptimizationSettings
+from gradleak.attacks.optimization.workspace import DummyBatch, Workspace
+from gradleak.attacks.prior import LanguagePrior
+
+
+def start_embeddings(
+    s: OptimizationSettings,
+    ws: Workspace,
+    assignments: list[dict[str, torch.Tensor] | None],
+    generator: torch.Generator,
+    info: dict[str, Any],
+) -> torch.Tensor:
+    """The starting free embeddings (and, with unknown labels, the labels to use)."""
+    batch, length = ws.template.shape
+    shape = (batch, length, ws.embedding.shape[1])
+    if s.rescale_init or s.alpha_reg > 0:
+        size = s.init_size or init.mean_embedding_norm(ws.embedding, ws.allowed)
+        info["init_size"] = size
+    if s.n_init == 1 and len(assignments) == 1:
+        # DLG/TAG: one draw, no scoring
+        free = devices.randn(*shape, generator=generator, device=ws.embedding.device)
+    else:
+        group = ws.chunk or 32
+
+        def scorer(labels):
+            def score(candidates: torch.Tensor) -> torch.Tensor:
+                ws.matcher.labels = labels
+                return ws.score(candidates)
+
+            return score
+
+        start = init.best_gaussian(
+            s.n_init,
+            shape,
+            [scorer(a) for a in assignments],
+            generator,
+            group,
+            ws.embedding.device,
+        )
+        ws.matcher.labels = assignments[start.assignment]
+        if s.n_init > 1:
+            start = init.best_permutation(
+                start, ws.free_positions, s.n_init, ws.score, generator, group
+            )
+        info["init_loss"] = start.loss
+        info["init_permutations_accepted"] = start.accepted_permutations
+        if len(assignments) > 1:
+            info["labels"] = assignments[start.assignment]["label"].tolist()
+        free = start.free
+    if s.rescale_init:
+        free = init.rescale(free, info["init_size"])
+    return free
+
+
+def discrete_round(
+    s: OptimizationSettings,
+    ws: Workspace,
+    dummy: DummyBatch,
+    prior: LanguagePrior | None,
+    generator: torch.Generator,
+    accepted: Counter[str],
+) -> None:
+    """For each sentence in turn, try reorderings of its free embeddings and keep the one
+    with the lowest matching loss plus ``alpha_lm`` x prior cross-entropy of its tokens
+    (the prior's mean is over the whole batch's tokens, as the batch is what is scored)."""
+    with torch.no_grad():
+        free = dummy.free.detach()  # shares storage: accepted moves update the iterate
+        batch, length = ws.template.shape
+        ids = ws.ids(free)
+        if prior is not None:
+            contents = [ids[b, ws.free_positions[b]].tolist() for b in range(batch)]
+            sums, counts = prior.sentence_nll(contents)
+        for b in range(batch):
+            slots = ws.free_positions[b]
+            if len(slots) < 2:
+                continue
+            perms = candidate_permutations(slots.tolist(), length, s.candidates, generator)
+            perms = perms.to(free.device)  # drawn on the CPU: one draw on every device
+            unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
+            candidates = free.expand(len(unique), -1, -1, -1).clone()
+            candidates[:, b] = free[b][unique]
+            score = ws.score(candidates).double()
+            if prior is not None:
+                cand_sums, cand_counts = prior.sentence_nll(ids[b][unique][:, slots].tolist())
+                other_sum, other_count = sums.sum() - sums[b], counts.sum() - counts[b]
+                lm = (cand_sums + other_sum) / (cand_counts + other_count).clamp(min=1)
+                score = score + s.alpha_lm * lm
+            per_candidate = torch.nan_to_num(score, nan=float("inf"))[inverse]
+            k = int(per_candidate.argmin())  # ties keep the first: the identity
+            u = int(inverse[k])
+            if torch.equal(unique[u], perms[0]):
+                continue
+            free[b] = free[b][unique[u]]
+            ids[b] = ids[b][unique[u]]
+            if prior is not None:
+                sums[b], counts[b] = cand_sums[u], cand_counts[u]
+            accepted[transform_of(k)] += 1
