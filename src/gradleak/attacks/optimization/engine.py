@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, St
 from gradleak.attacks.objective import GradientMatcher, matchable_specs
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
 from gradleak.attacks.optimization.phases import discrete_round, start_embeddings
+from gradleak.attacks.optimization.problem import Outcome, Problem
 from gradleak.attacks.optimization.settings import (
     NO_PRIOR,
     OptimizationSettings,
@@ -62,38 +62,6 @@ from gradleak.models.tasks import unwrap
 SCORE_MEMORY_BYTES = 2**30
 # Updates per stacked pass for a distance on materialized gradients (see _stack_limit).
 MATERIALIZED_STACK_LIMIT = 4
-
-
-@dataclass
-class _Outcome:
-    free: torch.Tensor
-    best_loss: float
-    info: dict[str, Any]
-    trace: list[float]  # the matching loss (with the regularizer) at every step
-
-
-@dataclass
-class _Problem:
-    """One update under attack: its workspace, label assignments and random stream, and what
-    the optimization has found for it so far (several are optimized together in a stack)."""
-
-    ws: Workspace
-    assignments: list[dict[str, torch.Tensor] | None]
-    generator: torch.Generator
-    info: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=lambda: {"start": 0.0, "discrete": 0.0})
-    dummy: DummyBatch | None = None
-    best_loss: float = float("inf")
-    best_free: torch.Tensor | None = None
-    trace: list[float] = field(default_factory=list)
-    accepted: Counter[str] = field(default_factory=Counter)
-    rounds: int = 0
-    error: str | None = None  # why it stopped early (a non-finite loss or gradient)
-
-    def outcome(self) -> _Outcome:
-        return _Outcome(
-            free=self.best_free, best_loss=self.best_loss, info=self.info, trace=self.trace
-        )
 
 
 class OptimizationAttack(Attack[OptimizationSettings]):
@@ -218,7 +186,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             return []
         prior = self.prior_for(items[0].knowledge)
         results: list[Reconstruction | AttackFailed | None] = [None] * len(items)
-        stacks: dict[tuple, list[tuple[int, _Problem]]] = {}
+        stacks: dict[tuple, list[tuple[int, Problem]]] = {}
         for i, item in enumerate(items):
             # settings that rule stacking out are known before a workspace is built
             problem = None
@@ -247,15 +215,15 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 results[i] = reconstruction
         return results
 
-    def _problem(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> _Problem:
+    def _problem(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Problem:
         """One update's workspace, label assignments and random stream."""
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
         ws = self.workspace(update, knowledge)
         assignments = label_assignments(knowledge, self.settings.label_search)
-        return _Problem(ws=ws, assignments=assignments, generator=generator)
+        return Problem(ws=ws, assignments=assignments, generator=generator)
 
-    def _stack_limit(self, problem: _Problem) -> int:
+    def _stack_limit(self, problem: Problem) -> int:
         """The most updates one stacked pass takes. A distance on materialized gradients (DLG,
         TAG, LAMP_L2+L1) walks every input's ten million entries whatever the stack, so its
         gain is the shared forward and backward alone and fades as the stack grows
@@ -273,7 +241,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             return False
         return not s.joint_labels(knowledge.global_model.task)
 
-    def _reconstruction(self, ws: Workspace, outcome: _Outcome) -> Reconstruction:
+    def _reconstruction(self, ws: Workspace, outcome: Outcome) -> Reconstruction:
         """The token ids of the best iterate, and what the record says about the run."""
         s = self.settings
         matcher, knowledge = ws.matcher, ws.matcher.knowledge
@@ -311,15 +279,15 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         assignments: list[dict[str, torch.Tensor] | None],
         prior: LanguagePrior | None,
         generator: torch.Generator,
-    ) -> _Outcome:
+    ) -> Outcome:
         """One update's optimization (a stack of one); a non-finite loss raises."""
-        problem = _Problem(ws=ws, assignments=assignments, generator=generator)
+        problem = Problem(ws=ws, assignments=assignments, generator=generator)
         self._optimize([problem], prior)
         if problem.error is not None:
             raise AttackFailed(problem.error)
         return problem.outcome()
 
-    def _optimize(self, problems: list[_Problem], prior: LanguagePrior | None) -> None:
+    def _optimize(self, problems: list[Problem], prior: LanguagePrior | None) -> None:
         """Start each problem, then alternate continuous steps (all problems in one stacked
         pass when there are several) and each problem's discrete rounds, keeping each one's
         best iterate. A problem whose loss or gradient turns non-finite stops with ``error``
@@ -412,7 +380,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
 
     def _losses(
         self,
-        problems: list[_Problem],
+        problems: list[Problem],
         stacked: StackedObjective | None,
         free: torch.Tensor,
         label_logits: torch.Tensor | None,
