@@ -19,6 +19,7 @@ from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -456,9 +457,9 @@ def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
     searched = []
     original = EncoderSearch._length
 
-    def spy(self, options, context, wanted, started=()):
+    def spy(self, options, context, wanted, *args):
         searched.append((context.shape[0], wanted))
-        return original(self, options, context, wanted, started)
+        return original(self, options, context, wanted, *args)
 
     monkeypatch.setattr(EncoderSearch, "_length", spy)
     lengths = sorted(len(victim.tokenizer(e.text)["input_ids"]) for e in examples)
@@ -473,3 +474,45 @@ def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
     searched.clear()
     decoded, _ = attack(victim, Protocol(mode="eval"), examples)  # lengths unknown
     assert len(searched) > len(lengths)
+
+
+def test_length_budget_leaves_room_only_where_the_token_count_can_be_completed():
+    budget = LengthBudget.of([6, 7, 9, 13, 15], sentences=2, tokens=24)
+    assert budget is not None
+    assert budget.room_for(9, []) and budget.room_for(15, [])  # 9 + 15
+    assert not budget.room_for(6, [])  # 6 + 18: no length 18
+    assert budget.room_for(15, [9]) and not budget.room_for(13, [9])
+    assert not budget.room_for(9, [9, 15])  # the batch is complete
+    assert LengthBudget.of([6, 7], sentences=2, tokens=24) is None  # the rank counts no batch
+
+
+def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_length(
+    tiny_victim, monkeypatch
+):
+    """Two sentences of 9 tokens beside one of 15 whose repeated words let [SEP] through at
+    other positions: layer 2's rank (33 tokens) keeps length 9 open for its second sentence
+    and spends no start on the false lengths once the batch is complete. Without the count
+    (one sentence per length, as many separator positions as sentences), the pair is lost."""
+    examples = [
+        Example("the cat sat on the mat and the dog sat on the rug", label=1),
+        Example("a dog ran home to the cat", label=0),
+        Example("the rug sat on a big mat", label=0),
+    ]
+    victim = tiny_victim("tiny-bert")
+    starts = []
+    original = EncoderSearch._descend
+
+    def spy(self, prefix, options, *args):
+        starts.append(len(options) + 2)
+        return original(self, prefix, options, *args)
+
+    monkeypatch.setattr(EncoderSearch, "_descend", spy)
+    decoded, result = attack(victim, Protocol(mode="eval"), examples)
+    assert decoded == sorted(e.text for e in examples)
+    assert result.info["rank_layer2"] == sum(
+        len(victim.tokenizer(e.text)["input_ids"]) for e in examples
+    )
+    assert max(starts) == 15 and starts.count(15) == 1  # nothing tried after the last one
+    monkeypatch.setattr("gradleak.attacks.dager.attack._token_count", lambda *args: None)
+    decoded, _ = attack(victim, Protocol(mode="eval"), examples)
+    assert decoded != sorted(e.text for e in examples)

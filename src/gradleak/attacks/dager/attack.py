@@ -102,7 +102,11 @@ class DagerAttack(Attack[DagerSettings]):
             else:
                 search = EncoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
                 sentences = search.run(
-                    candidates, knowledge.tokenizer, knowledge.batch_size, knowledge.lengths
+                    candidates,
+                    knowledge.tokenizer,
+                    knowledge.batch_size,
+                    knowledge.lengths,
+                    _token_count(plan.layer2, knowledge, state),
                 )
         if gm.task == "causal_lm" and not knowledge.raw_tokens:  # a chunk ends where it is cut
             # The EOS that ends every next-token example predicts nothing, so its position
@@ -120,3 +124,19 @@ class DagerAttack(Attack[DagerSettings]):
                 "rank_cut": rank_cut(plan, self.settings.rank_tol),
             },
         )
+
+
+def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:
+    """The batch's token count, read from layer 2's rank where the rank is exactly that: one
+    clean gradient (FedSGD, no defense: several local steps read other inputs, and noise or
+    pruning blur the count), every position's input exact (no client dropout), in the layer's
+    own space (not LoRA's) and below the hidden size (see ``lengths.py``)."""
+    exact = (
+        knowledge.global_model.protocol.algorithm == "fedsgd"
+        and not knowledge.defenses
+        and not state.layer2_ranks_only
+        and not layer2.noisy
+        and all(c.transform is None and c.whole_rows is None for c in layer2.checks)
+        and not any(c.span.full for c in layer2.checks)
+    )
+    return layer2.rank if exact else None

@@ -20,11 +20,12 @@ every layer-2 input lies in the span has found one of the batch's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import SentenceSearch, pick_batch, threshold
 
 # Positions either side of the changed one whose layer-2 distances decide a choice: the
@@ -36,6 +37,11 @@ WINDOW = 2
 # 1e-2 or more on MiniLM, 1e-3 or more on a 64-wide toy). Nearer a noise floor nothing counts
 # as found and every start is tried; the final cut adapts either way.
 SURE = 1e-4
+
+
+def _always(here: int) -> bool:
+    """Room for any number of sentences (no rank to count them)."""
+    return True
 
 
 @dataclass
@@ -81,9 +87,10 @@ class EncoderSearch(SentenceSearch):
         tokenizer,
         batch_size: int,
         lengths: Sequence[int] | None = None,
+        tokens: int | None = None,
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (see ``sentences`` and ``pick``)."""
-        found = self.sentences(candidates, tokenizer, batch_size, lengths)
+        found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens)
         return self.pick(found, batch_size)
 
     def sentences(
@@ -92,14 +99,18 @@ class EncoderSearch(SentenceSearch):
         tokenizer,
         batch_size: int = 1,
         lengths: Sequence[int] | None = None,
+        tokens: int | None = None,
     ) -> list[Candidate]:
-        """Every sentence length ending in a separator, searched from each of its starts.
+        """Every sentence length ending in a separator, shortest first, searched from each of
+        its starts while the length may hold another of the batch's sentences.
 
-        A length's search stops at its first sentence that passes layer 2 when the
-        separator's positions are at least as many as the batch's sentences (then each
-        length holds one); otherwise every start is tried until the batch is complete. A
-        server that knows the sentences' ``lengths`` (special tokens included) searches only
-        those, each for as many sentences as have it."""
+        A server that knows the sentences' ``lengths`` (special tokens included) searches
+        only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
+        token count (layer 2's rank, when it counts them: see ``lengths.py``), decides
+        whether a length has room for one more sentence beside those found. Without either,
+        a length stops at its first sentence when the separator's positions are at least as
+        many as the batch's sentences (then each length holds one), and every start is
+        tried otherwise."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
         inner = [[t for t in options if t not in specials] for options in candidates]
@@ -108,25 +119,44 @@ class EncoderSearch(SentenceSearch):
         # A sentence needs one token between [CLS] and [SEP], each position a candidate.
         ends = [
             end
-            for end, tokens in enumerate(candidates)
-            if end >= 2 and sep in tokens and all(inner[1:end])
+            for end, tokens_there in enumerate(candidates)
+            if end >= 2 and sep in tokens_there and all(inner[1:end])
         ]
         if lengths is not None:
             ends = [end for end in ends if end + 1 in lengths]
+        budget = None
+        if lengths is None and tokens is not None:
+            budget = LengthBudget.of([end + 1 for end in ends], batch_size, tokens)
+            self.state.notes.append(
+                f"candidate lengths {[end + 1 for end in ends]}, "
+                + (f"{batch_size} of them sum to" if budget else "none sum to")
+                + f" layer 2's rank {tokens}"
+            )
         one_each = len(ends) >= batch_size
         found: list[Candidate] = []
-        passed = 0
+        passed: list[int] = []  # the lengths of the sentences found so far
+        sentences_passed: set[tuple[int, ...]] = set()
         started: set[int] = set()  # first tokens of the sentences found so far
         for end in ends:
+            if len(passed) >= batch_size:
+                break
+            length = end + 1
             context = torch.stack([table[cls], *fillers[1:end], table[sep]])
+            room = _always
             if lengths is not None:
-                wanted = list(lengths).count(end + 1)
+                wanted = list(lengths).count(length)
+            elif budget is not None:
+                wanted = batch_size - len(passed)
+
+                def room(here: int, length: int = length) -> bool:
+                    return budget.room_for(length, passed + [length] * here)
             else:
-                wanted = 1 if one_each else batch_size - passed
-            for ids, distances in self._length(inner[1:end], context, wanted, started):
+                wanted = 1 if one_each else batch_size - len(passed)
+            for ids, distances in self._length(inner[1:end], context, wanted, started, room):
                 found.append(Candidate([cls, *ids, sep], distances))
-                if self._passes(distances):
-                    passed += 1
+                if self._passes(distances) and tuple(ids) not in sentences_passed:
+                    sentences_passed.add(tuple(ids))  # two starts may reach one sentence
+                    passed.append(length)
                     started.add(ids[0])
         return found
 
@@ -136,9 +166,11 @@ class EncoderSearch(SentenceSearch):
         context: torch.Tensor,
         wanted: int,
         started: Collection[int] = (),
+        room: Callable[[int], bool] = _always,
     ) -> list[tuple[list[int], torch.Tensor]]:
         """One length's sentences: a descent from each start until ``wanted`` distinct
-        sentences pass or the length's budget is spent.
+        sentences pass, ``room`` (given how many passed here) says the length can hold no
+        more, or the length's budget is spent.
 
         The starts are the first inner token's candidates (nearest first, those that began a
         sentence of another length, ``started``, last). A start whose
@@ -158,6 +190,13 @@ class EncoderSearch(SentenceSearch):
         passing: set[tuple[int, ...]] = set()
         spent, tried = len(options[0]), 0
         while queue:
+            if not room(len(passing)):
+                if tried < len(firsts):  # spared starts, for the record
+                    self.state.notes.append(
+                        f"length {length}: no room after {len(passing)} sentences "
+                        f"(layer 2's rank), {tried} of {len(firsts)} starts tried"
+                    )
+                break
             if tried >= self.settings.encoder_starts or spent + 2 * per_pass > budget:
                 self.state.capped = True
                 self.state.notes.append(
