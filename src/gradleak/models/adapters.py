@@ -58,6 +58,10 @@ class ModelAdapter:
     # explicit ``position_ids``: new tokens can then be run against a prefix's cached keys and
     # values (``layer_input_cached``) instead of re-running the prefix.
     supports_kv_cache: bool = False
+    # Encoders whose blocks can be run at a few query positions against every position's keys
+    # and values (``block_keys_values``, ``block_rows``): a DAGER encoder search that changes
+    # one token then recomputes only the positions its choice reads.
+    supports_block_rows: bool = False
 
     # --- structure -------------------------------------------------------------------------
     def backbone(self, model: nn.Module) -> nn.Module:
@@ -165,6 +169,27 @@ class ModelAdapter:
         hidden = self.layer_input(model, layer, inputs)
         return hidden, [(block.keys, block.values) for block in cache.layers[:layer]]
 
+    # --- one encoder block at chosen positions (``supports_block_rows``) -------------------
+    def block_keys_values(
+        self, model: nn.Module, layer: int, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``layer``'s attention keys and values ``[..., L, d]`` for its input ``hidden``
+        (position-wise: a changed position changes only its own rows)."""
+        raise NotImplementedError(f"{self.family} has no block-rows path")
+
+    def block_rows(
+        self,
+        model: nn.Module,
+        layer: int,
+        hidden_rows: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> torch.Tensor:
+        """Block ``layer``'s output ``[..., R, d]`` at the positions whose inputs are
+        ``hidden_rows``, each attending to every position's ``keys`` and ``values`` (full
+        attention, no padding): what the whole block's forward gives at those rows."""
+        raise NotImplementedError(f"{self.family} has no block-rows path")
+
     # --- dropout --------------------------------------------------------------------------
     def set_dropout(self, model: nn.Module, rate: float) -> None:
         """Set every dropout in the model to ``rate`` (Wang & Li's dropout sweeps).
@@ -194,6 +219,7 @@ class BertAdapter(ModelAdapter):
 
     family = "bert"
     uses_token_types = True
+    supports_block_rows = True
 
     def layers(self, model):
         return list(self.backbone(model).encoder.layer)
@@ -222,6 +248,27 @@ class BertAdapter(ModelAdapter):
             token_embeds + emb.position_embeddings(positions) + emb.token_type_embeddings(types)
         )
         return emb.LayerNorm(summed)
+
+    def block_keys_values(self, model, layer, hidden):
+        attention = self.layers(model)[layer].attention.self
+        return attention.key(hidden), attention.value(hidden)
+
+    def block_rows(self, model, layer, hidden_rows, keys, values):
+        # BertLayer's forward in eval mode, with queries at the given rows only: scaled
+        # dot-product attention per head, then the block's own output, intermediate and
+        # output modules (dense, residual, LayerNorm), which act position by position.
+        block = self.layers(model)[layer]
+        attention = block.attention.self
+        shape = (attention.num_attention_heads, attention.attention_head_size)
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [..., n, d] -> [..., heads, n, d_head]
+            return x.unflatten(-1, shape).transpose(-2, -3)
+
+        query = heads(attention.query(hidden_rows))
+        scores = (query @ heads(keys).transpose(-1, -2)) * attention.scaling
+        context = (scores.softmax(dim=-1) @ heads(values)).transpose(-2, -3).flatten(-2)
+        attended = block.attention.output(context, hidden_rows)
+        return block.output(block.intermediate(attended), attended)
 
 
 class GPT2Adapter(ModelAdapter):

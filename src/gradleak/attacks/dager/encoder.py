@@ -20,8 +20,8 @@ every layer-2 input lies in the span has found one of the batch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,9 +37,11 @@ WINDOW = 2
 # 1e-2 or more on MiniLM, 1e-3 or more on a 64-wide toy). Nearer a noise floor nothing counts
 # as found and every start is tried; the final cut adapts either way.
 SURE = 1e-4
+# Starts each length tries in the first round of turns; the limit doubles every round.
+ROUND_STARTS = 4
 
 
-def _always(here: int) -> bool:
+def _always() -> bool:
     """Room for any number of sentences (no rank to count them)."""
     return True
 
@@ -63,12 +65,32 @@ class Candidate:
 
 
 @dataclass
+class _LengthSearch:
+    """One sentence length's search, resumable: its starts still queued, what it found."""
+
+    options: list[list[int]]  # the inner positions' candidate tokens
+    context: torch.Tensor  # [L, d]: [CLS], fillers, [SEP]
+    queue: list[list[int]]  # starts to try: first tokens, then extended prefixes
+    firsts: int  # first tokens it began with
+    passing: set[tuple[int, ...]] = field(default_factory=set)
+    spent: int = 0  # sentences scored (the budget's unit)
+    tried: int = 0  # starts tried
+    stopped: str | None = None  # why it stopped for good (None: it may go on)
+
+    @property
+    def length(self) -> int:
+        """The sentence length, special tokens included."""
+        return self.context.shape[0]
+
+
+@dataclass
 class _Descent:
     """One start's sentence under construction: its token ids and input embeddings."""
 
     ids: list[int]
     embeds: torch.Tensor  # [L, d]
-    distances: torch.Tensor | None = None  # [L]: the sentence as it stands, last scored
+    distances: torch.Tensor | None = None  # [L]: the sentence as it stands (None: not scored)
+    window: torch.Tensor | None = None  # the last choice's window distances
     scored: int = 0  # sentences scored on the way (the budget's unit)
 
 
@@ -101,16 +123,20 @@ class EncoderSearch(SentenceSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
     ) -> list[Candidate]:
-        """Every sentence length ending in a separator, shortest first, searched from each of
-        its starts while the length may hold another of the batch's sentences.
+        """Every sentence length ending in a separator, searched from its starts while it
+        may hold another of the batch's sentences.
+
+        The lengths take turns (shortest first), each trying starts up to a limit that
+        doubles every round (``ROUND_STARTS`` first): a true first token ranks among the
+        first few of its length, so the batch's sentences are found before any length
+        spends its budget on a sentence that is not there.
 
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
         token count (layer 2's rank, when it counts them: see ``lengths.py``), decides
         whether a length has room for one more sentence beside those found. Without either,
         a length stops at its first sentence when the separator's positions are at least as
-        many as the batch's sentences (then each length holds one), and every start is
-        tried otherwise."""
+        many as the batch's sentences (then each length holds one)."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
         inner = [[t for t in options if t not in specials] for options in candidates]
@@ -133,100 +159,108 @@ class EncoderSearch(SentenceSearch):
                 + f" layer 2's rank {tokens}"
             )
         one_each = len(ends) >= batch_size
+        searches = [
+            self._open(inner[1:end], torch.stack([table[cls], *fillers[1:end], table[sep]]))
+            for end in ends
+        ]
         found: list[Candidate] = []
         passed: list[int] = []  # the lengths of the sentences found so far
-        sentences_passed: set[tuple[int, ...]] = set()
+        unique: set[tuple[int, ...]] = set()  # two starts may reach one sentence
         started: set[int] = set()  # first tokens of the sentences found so far
-        for end in ends:
-            if len(passed) >= batch_size:
-                break
-            length = end + 1
-            context = torch.stack([table[cls], *fillers[1:end], table[sep]])
-            room = _always
-            if lengths is not None:
-                wanted = list(lengths).count(length)
-            elif budget is not None:
-                wanted = batch_size - len(passed)
+        limit = ROUND_STARTS
+        while len(passed) < batch_size and not all(search.stopped for search in searches):
+            for search in searches:
+                if len(passed) >= batch_size:
+                    break
+                length = search.length
+                room = _always
+                if lengths is not None:
+                    wanted = list(lengths).count(length)
+                elif budget is not None:
+                    wanted = batch_size
 
-                def room(here: int, length: int = length) -> bool:
-                    return budget.room_for(length, passed + [length] * here)
-            else:
-                wanted = 1 if one_each else batch_size - len(passed)
-            for ids, distances in self._length(inner[1:end], context, wanted, started, room):
-                found.append(Candidate([cls, *ids, sep], distances))
-                if self._passes(distances) and tuple(ids) not in sentences_passed:
-                    sentences_passed.add(tuple(ids))  # two starts may reach one sentence
-                    passed.append(length)
-                    started.add(ids[0])
+                    def room(length: int = length) -> bool:
+                        return budget.room_for(length, passed)
+                else:
+                    wanted = 1 if one_each else batch_size
+                for ids, distances in self._advance(search, limit, wanted, started, room):
+                    found.append(Candidate([cls, *ids, sep], distances))
+                    if self._passes(distances) and tuple(ids) not in unique:
+                        unique.add(tuple(ids))
+                        passed.append(length)
+                        started.add(ids[0])
+            limit *= 2
+        for search in searches:
+            if search.stopped is not None and search.stopped != "found":
+                self.state.notes.append(
+                    f"length {search.length}: {search.stopped} after {len(search.passing)} "
+                    f"sentences, {search.tried} of {search.tried + len(search.queue)} starts tried"
+                )
         return found
 
-    def _length(
+    def _open(self, options: list[list[int]], context: torch.Tensor) -> _LengthSearch:
+        """One length's search, not begun: its starts are the first inner token's candidates,
+        nearest first (see ``_starts``)."""
+        starts = self._starts(options[0], context)
+        return _LengthSearch(options, context, [[first] for first in starts], len(starts))
+
+    def _advance(
         self,
-        options: list[list[int]],
-        context: torch.Tensor,
+        search: _LengthSearch,
+        limit: int,
         wanted: int,
         started: Collection[int] = (),
-        room: Callable[[int], bool] = _always,
-    ) -> list[tuple[list[int], torch.Tensor]]:
-        """One length's sentences: a descent from each start until ``wanted`` distinct
-        sentences pass, ``room`` (given how many passed here) says the length can hold no
-        more, or the length's budget is spent.
+        room: Callable[[], bool] = _always,
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Go on with one length's search: a descent from each start until ``limit`` starts
+        are tried in all (a pause), or it stops for good: ``wanted`` distinct sentences
+        pass, ``room`` says the length can hold no more (asked before each start, after the
+        caller has counted what the last one found), its starts or its budget run out.
+        Yields each descent's sentence.
 
-        The starts are the first inner token's candidates (nearest first, those that began a
-        sentence of another length, ``started``, last). A start whose
-        descent passes may be shared by another sentence of this length: its prefix extended
-        by each other candidate of the next position joins the queue."""
-        table = self.table
-        length = context.shape[0]
+        First tokens that began a sentence of another length (``started``) wait behind the
+        others: they more likely begin none here. (The filler ranking of ``_starts`` does not
+        put the true first token first: on RT B=4 it came 2nd to 4th of 4 for three
+        lengths.) A start whose descent passes may be shared by another sentence of this
+        length: its prefix extended by each other candidate of the next position joins the
+        queue."""
+        options, queue = search.options, search.queue
+        queue.sort(key=lambda prefix: len(prefix) == 1 and prefix[0] in started)
         per_pass = sum(len(o) for o in options)
-        budget = self.settings.max_combinations
-        # A first token that began a sentence of another length more likely begins none
-        # here: it waits for the others. (The filler ranking of ``_starts`` does not put the
-        # true first token first: on RT B=4 it came 2nd to 4th of 4 for three lengths.)
-        firsts = self._starts(options[0], context)
-        firsts = [t for t in firsts if t not in started] + [t for t in firsts if t in started]
-        queue = [[first] for first in firsts]
-        results: list[tuple[list[int], torch.Tensor]] = []
-        passing: set[tuple[int, ...]] = set()
-        spent, tried = len(options[0]), 0
-        while queue:
-            if not room(len(passing)):
-                if tried < len(firsts):  # spared starts, for the record
-                    self.state.notes.append(
-                        f"length {length}: no room after {len(passing)} sentences "
-                        f"(layer 2's rank), {tried} of {len(firsts)} starts tried"
-                    )
-                break
-            if tried >= self.settings.encoder_starts or spent + 2 * per_pass > budget:
+        while search.stopped is None and search.tried < limit:
+            if len(search.passing) >= wanted:
+                search.stopped = "found"
+            elif not room():
+                search.stopped = "no room (layer 2's rank)"
+            elif not queue:
+                search.stopped = "no start left"
+            elif (
+                search.tried >= self.settings.encoder_starts
+                or search.spent + 2 * per_pass > self.settings.max_combinations
+            ):
+                search.stopped = "budget spent"
                 self.state.capped = True
-                self.state.notes.append(
-                    f"length {length}: {tried} of {tried + len(queue)} starts tried (budget)"
-                )
+            if search.stopped is not None:
                 break
             prefix = queue.pop(0)
-            found = [list(ids) for ids in passing] if len(prefix) > 1 else []
-            descent = self._descend(prefix, options, context, table, found)
-            spent, tried = spent + descent.scored, tried + 1
-            results.append((descent.ids, descent.distances))
-            if not self._passes(descent.distances) or tuple(descent.ids) in passing:
+            found = [list(ids) for ids in search.passing] if len(prefix) > 1 else []
+            descent = self._descend(prefix, options, search.context, self.table, found)
+            search.spent, search.tried = search.spent + descent.scored, search.tried + 1
+            yield descent.ids, descent.distances
+            if not self._passes(descent.distances) or tuple(descent.ids) in search.passing:
                 continue
-            passing.add(tuple(descent.ids))
-            if len(passing) >= wanted:
-                break
+            search.passing.add(tuple(descent.ids))
             fixed = len(prefix)
             if fixed < len(options):
                 queue += [
                     [*prefix, token] for token in options[fixed] if token != descent.ids[fixed]
                 ]
-        return results
 
     def _starts(self, firsts: list[int], context: torch.Tensor) -> list[int]:
         """The first inner position's candidates, nearest to the span first (each alone in
         the filler context)."""
-        table = self.table
-        trials = context.expand(len(firsts), -1, -1).clone()
-        trials[:, 1] = table[firsts]
-        order = torch.argsort(self._distances(trials)[:, 1], stable=True)
+        distances = self._trial_distances(context, 1, self.table[firsts], [1])[:, 0]
+        order = torch.argsort(distances, stable=True)
         return [firsts[int(k)] for k in order]
 
     def _descend(
@@ -256,15 +290,14 @@ class EncoderSearch(SentenceSearch):
             taken = {ids[position - 1] for ids in found}
             choices = [t for t in choices if t not in taken] or choices
             self._choose(descent, position, choices, table, (1, 0))
-        if not free:
-            descent.distances = self._distances(embeds[None])[0]
-            descent.scored += 1
         self._sweep(descent, free, options, table)
-        if fixed == 1 and not self._passes(descent.distances):
+        if fixed == 1 and not self._sentence_passes(descent):
             # The first token may have been the only wrong one (another sentence's, the rest
             # of this one found): free it too. A longer start was chosen to differ from a
             # sentence found already, and stays.
             self._sweep(descent, list(range(1, len(options) + 1)), options, table)
+        if descent.distances is None:
+            self._score(descent)
         return descent
 
     def _sweep(
@@ -277,13 +310,13 @@ class EncoderSearch(SentenceSearch):
         sentence that passes ends the descent at once."""
         visit = positions
         for _ in range(self.settings.encoder_sweeps):
-            if not visit or self._passes(descent.distances):
+            if not visit or self._sentence_passes(descent):
                 return
             changed = []
             for position in visit:
                 if self._choose(descent, position, options[position - 1], table, (WINDOW, WINDOW)):
                     changed.append(position)
-                    if self._passes(descent.distances):
+                    if self._sentence_passes(descent):
                         return
             near = {p for c in changed for p in range(c - 2 * WINDOW, c + 2 * WINDOW + 1)}
             visit = [position for position in positions if position in near]
@@ -297,19 +330,68 @@ class EncoderSearch(SentenceSearch):
         window: tuple[int, int],
     ) -> bool:
         """Put at ``position`` the choice whose sentence has the smallest summed log
-        distance over the positions ``window`` before and after it; whether it changed."""
-        trials = descent.embeds.expand(len(choices), -1, -1).clone()
-        trials[:, position] = table[choices]
-        distances = self._distances(trials)
-        descent.scored += len(choices)
+        distance over the positions ``window`` before and after it; whether it changed.
+        The whole sentence's distances are left to be scored when it may pass."""
         low = max(1, position - window[0])
-        high = min(distances.shape[1], position + window[1] + 1)
-        best = int(torch.argmin(_log_sum(distances[:, low:high])))
+        high = min(descent.embeds.shape[0], position + window[1] + 1)
+        rows = list(range(low, high))
+        distances = self._trial_distances(descent.embeds, position, table[choices], rows)
+        descent.scored += len(choices)
+        best = int(torch.argmin(_log_sum(distances)))
         changed = descent.ids[position - 1] != choices[best]
         descent.ids[position - 1] = choices[best]
         descent.embeds[position] = table[choices[best]]
-        descent.distances = distances[best]
+        descent.distances, descent.window = None, distances[best]
         return changed
+
+    def _score(self, descent: _Descent) -> None:
+        """The sentence's layer-2 distance at every position, as it stands."""
+        descent.distances = self._distances(descent.embeds[None])[0]
+        descent.scored += 1
+
+    def _sentence_passes(self, descent: _Descent) -> bool:
+        """``_passes`` for the sentence as it stands, scored whole only when its last
+        choice's window passes (a sentence passes at every position or not at all)."""
+        if self.state.layer2_ranks_only:
+            return False
+        if descent.distances is None:
+            if descent.window is not None and not self._passes(descent.window):
+                return False
+            self._score(descent)
+        return self._passes(descent.distances)
+
+    def _trial_distances(
+        self, embeds: torch.Tensor, position: int, replacements: torch.Tensor, rows: list[int]
+    ) -> torch.Tensor:
+        """Layer-2 distances ``[N, len(rows)]`` at ``rows`` of the sentence ``embeds``
+        ``[L, d]`` with ``position`` replaced by each of ``replacements`` ``[N, d]``.
+
+        Where the adapter runs a block at chosen rows, layer 1 is computed only there: the
+        other positions' keys and values are the sentence's own (a token changes only its
+        position's), so a trial costs its window's rows, not the whole sentence's
+        (MiniLM, 30 tokens, a window of 5: about a seventh of the arithmetic)."""
+        adapter, hf = self.adapter, self.hf
+        if not adapter.supports_block_rows:
+            trials = embeds.expand(len(replacements), -1, -1).clone()
+            trials[:, position] = replacements
+            return self._distances(trials)[:, rows]
+        base = adapter.first_layer_input(hf, embeds)
+        at = torch.tensor(position, device=embeds.device)
+        changed = adapter.first_layer_input(hf, replacements, at)
+        keys, values = adapter.block_keys_values(hf, 0, base)
+        new_keys, new_values = adapter.block_keys_values(hf, 0, changed)
+        norm = adapter.input_norm(hf, 1)
+        out = []
+        for part in torch.arange(len(replacements)).split(self.settings.chunk):
+            n = len(part)
+            trial_keys, trial_values = keys.repeat(n, 1, 1), values.repeat(n, 1, 1)
+            trial_keys[:, position], trial_values[:, position] = new_keys[part], new_values[part]
+            inputs = base[rows].repeat(n, 1, 1)
+            if position in rows:
+                inputs[:, rows.index(position)] = changed[part]
+            hidden = adapter.block_rows(hf, 0, inputs, trial_keys, trial_values)
+            out.append(self.layer2.distance(norm(hidden)))
+        return torch.cat(out)
 
     def _distances(self, embeds: torch.Tensor) -> torch.Tensor:
         """Layer-2 distances ``[N, L]`` of the sentences whose input embeddings (before
