@@ -257,6 +257,27 @@ def test_every_role_of_every_layer_is_its_own_module_or_fused_part(name):
             seen.add(key)
 
 
+def test_bert_block_at_chosen_rows_equals_the_whole_forward_there():
+    """DAGER's encoder search runs block 0 at a few query rows against every position's keys
+    and values: the same layer-2 inputs as the model's own forward at those rows."""
+    victim = load_victim("tiny-bert")
+    model, adapter = victim.model.eval(), victim.adapter
+    table = adapter.token_embedding(model).weight.detach()
+    embeds = table[
+        torch.randint(0, table.shape[0], (3, 17), generator=torch.Generator().manual_seed(0))
+    ]
+    with torch.no_grad():
+        mask = torch.ones(3, 17, dtype=torch.long)
+        whole = adapter.layer_input(model, 1, {"inputs_embeds": embeds, "attention_mask": mask})
+        hidden = adapter.first_layer_input(model, embeds)
+        keys, values = adapter.block_keys_values(model, 0, hidden)
+        rows = [0, 5, 16]
+        part = adapter.block_rows(model, 0, hidden[:, rows], keys, values)
+    torch.testing.assert_close(part, whole[:, rows], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(part, whole[:, [1, 6, 15]], atol=1e-3)  # the rows asked for
+    assert not load_victim("tiny-gpt2").adapter.supports_block_rows
+
+
 def test_mpnet_adapter_roles_and_first_layer_input():
     config = MPNetConfig(
         vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
