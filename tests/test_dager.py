@@ -18,8 +18,9 @@ from gradleak.attacks.dager import (
 from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
-from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.encoder import EncoderSearch, _Descent
 from gradleak.attacks.dager.lengths import LengthBudget
+from gradleak.attacks.dager.search import SearchState
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -515,3 +516,26 @@ def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_lengt
     monkeypatch.setattr("gradleak.attacks.dager.attack._token_count", lambda *args: None)
     decoded, _ = attack(victim, Protocol(mode="eval"), examples)
     assert decoded != sorted(e.text for e in examples)
+
+
+def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
+    """From a sentence with two of its words exchanged, changing either alone moves away
+    from the span; the swap step puts both back, and the sentence passes."""
+    victim = tiny_victim("tiny-bert")
+    examples = [Example("harriet sang folk songs and pop songs together", label=1)]
+    update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
+    attack_ = DagerAttack()
+    plan = attack_.check(update, knowledge)
+    hf = knowledge.global_model.copy_model().eval()
+    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
+    truth = encode(victim, examples).input_ids[0].tolist()
+    inner = truth[1:-1]
+    exchanged = list(inner)
+    exchanged[2], exchanged[5] = exchanged[5], exchanged[2]  # folk <-> pop
+    table = search.table
+    with torch.no_grad():
+        descent = _Descent(list(exchanged), table[[truth[0], *exchanged, truth[-1]]].clone())
+        assert not search._sentence_passes(descent)
+        assert search._swap(descent, list(range(1, len(inner) + 1)), table)
+        assert descent.ids == inner and search._sentence_passes(descent)
+        assert not search._swap(descent, list(range(1, len(inner) + 1)), table)  # no better

@@ -20,7 +20,7 @@ every layer-2 input lies in the span has found one of the batch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +73,7 @@ class _LengthSearch:
     queue: list[list[int]]  # starts to try: first tokens, then extended prefixes
     firsts: int  # first tokens it began with
     passing: set[tuple[int, ...]] = field(default_factory=set)
+    demoted: set[int] = field(default_factory=set)  # first tokens moved back once
     spent: int = 0  # sentences scored (the budget's unit)
     tried: int = 0  # starts tried
     stopped: str | None = None  # why it stopped for good (None: it may go on)
@@ -166,7 +167,7 @@ class EncoderSearch(SentenceSearch):
         found: list[Candidate] = []
         passed: list[int] = []  # the lengths of the sentences found so far
         unique: set[tuple[int, ...]] = set()  # two starts may reach one sentence
-        started: set[int] = set()  # first tokens of the sentences found so far
+        elsewhere: list[list[int]] = []  # the sentences found so far (inner tokens)
         limit = ROUND_STARTS
         while len(passed) < batch_size and not all(search.stopped for search in searches):
             for search in searches:
@@ -183,12 +184,12 @@ class EncoderSearch(SentenceSearch):
                         return budget.room_for(length, passed)
                 else:
                     wanted = 1 if one_each else batch_size
-                for ids, distances in self._advance(search, limit, wanted, started, room):
+                for ids, distances in self._advance(search, limit, wanted, elsewhere, room):
                     found.append(Candidate([cls, *ids, sep], distances))
                     if self._passes(distances) and tuple(ids) not in unique:
                         unique.add(tuple(ids))
                         passed.append(length)
-                        started.add(ids[0])
+                        elsewhere.append(list(ids))
             limit *= 2
         for search in searches:
             if search.stopped is not None and search.stopped != "found":
@@ -209,7 +210,7 @@ class EncoderSearch(SentenceSearch):
         search: _LengthSearch,
         limit: int,
         wanted: int,
-        started: Collection[int] = (),
+        elsewhere: Sequence[list[int]] = (),
         room: Callable[[], bool] = _always,
     ) -> Iterator[tuple[list[int], torch.Tensor]]:
         """Go on with one length's search: a descent from each start until ``limit`` starts
@@ -218,14 +219,22 @@ class EncoderSearch(SentenceSearch):
         caller has counted what the last one found), its starts or its budget run out.
         Yields each descent's sentence.
 
-        First tokens that began a sentence of another length (``started``) wait behind the
-        others: they more likely begin none here. (The filler ranking of ``_starts`` does not
-        put the true first token first: on RT B=4 it came 2nd to 4th of 4 for three
-        lengths.) A start whose descent passes may be shared by another sentence of this
-        length: its prefix extended by each other candidate of the next position joins the
-        queue."""
+        A first token that began a sentence found already (``elsewhere``) waits behind
+        ``ROUND_STARTS`` more starts, once: it more likely begins none here, but sentences
+        do share first words (CoLA's first batch of 8: two questions begin with "who", of
+        12 and 7 tokens, and sent to the back of the queue the 12-token one was never
+        reached). The filler ranking of ``_starts`` puts the true first token near, not
+        at, the front (on RT B=4: 2nd to 4th of 4 for three lengths). A start whose descent
+        passes may be shared by another sentence of this length: its prefix extended by
+        each other candidate of the next position joins the queue."""
         options, queue = search.options, search.queue
-        queue.sort(key=lambda prefix: len(prefix) == 1 and prefix[0] in started)
+        started = {ids[0] for ids in elsewhere}
+        movers = [p for p in queue if len(p) == 1 and p[0] in started]
+        for prefix in movers:
+            if prefix[0] not in search.demoted:
+                search.demoted.add(prefix[0])
+                index = queue.index(prefix)
+                queue.insert(index + ROUND_STARTS, queue.pop(index))
         per_pass = sum(len(o) for o in options)
         while search.stopped is None and search.tried < limit:
             if len(search.passing) >= wanted:
@@ -243,7 +252,15 @@ class EncoderSearch(SentenceSearch):
             if search.stopped is not None:
                 break
             prefix = queue.pop(0)
-            found = [list(ids) for ids in search.passing] if len(prefix) > 1 else []
+            # The sentences this start could fall back into: those found here that share
+            # its prefix, or (a first token alone) those found anywhere that begin with it;
+            # their tokens would pull the descent back into them (CoLA's first batch of 8:
+            # from "who", the 12-token question ended as "who has seen my snorkel? first?",
+            # the 7-token one found already, plus two tokens).
+            if len(prefix) > 1:
+                found = [list(ids) for ids in search.passing]
+            else:
+                found = [ids for ids in elsewhere if ids[0] == prefix[0]]
             descent = self._descend(prefix, options, search.context, self.table, found)
             search.spent, search.tried = search.spent + descent.scored, search.tried + 1
             yield descent.ids, descent.distances
@@ -287,7 +304,7 @@ class EncoderSearch(SentenceSearch):
             choices = options[position - 1]
             # A start made to differ from sentences found already: their tokens would pull
             # it back into them, so the fill takes others where the position has others.
-            taken = {ids[position - 1] for ids in found}
+            taken = {ids[position - 1] for ids in found if position <= len(ids)}
             choices = [t for t in choices if t not in taken] or choices
             self._choose(descent, position, choices, table, (1, 0))
         self._sweep(descent, free, options, table)
@@ -296,9 +313,46 @@ class EncoderSearch(SentenceSearch):
             # of this one found): free it too. A longer start was chosen to differ from a
             # sentence found already, and stays.
             self._sweep(descent, list(range(1, len(options) + 1)), options, table)
+        free = list(range(fixed + 1, len(options) + 1))
+        if not self._sentence_passes(descent) and self._swap(descent, free, table):
+            self._sweep(descent, free, options, table)
         if descent.distances is None:
             self._score(descent)
         return descent
+
+    def _swap(self, descent: _Descent, positions: list[int], table: torch.Tensor) -> bool:
+        """Exchange the two of ``positions`` whose swap brings the whole sentence nearest
+        the span (mean log distance), if any swap does; whether one was made.
+
+        A repeated word lets the sweeps stop at two words exchanged ("harriet alternated
+        songs songs and pop folk together."): from there, changing either one alone only
+        moves away."""
+        pairs = [
+            (i, j)
+            for i in positions
+            for j in positions
+            if i < j and descent.ids[i - 1] != descent.ids[j - 1]
+        ]
+        if not pairs:
+            return False
+        if descent.distances is None:
+            self._score(descent)
+        trials = descent.embeds.expand(len(pairs), -1, -1).clone()
+        first, second = torch.tensor(pairs).T
+        rows = torch.arange(len(pairs))
+        trials[rows, first], trials[rows, second] = trials[rows, second], trials[rows, first]
+        distances = self._distances(trials)
+        descent.scored += len(pairs)
+        scores = _log_mean(distances[:, 1:])
+        best = int(torch.argmin(scores))
+        if scores[best] >= _log_mean(descent.distances[1:]):
+            return False
+        i, j = pairs[best]
+        ids = descent.ids
+        ids[i - 1], ids[j - 1] = ids[j - 1], ids[i - 1]
+        descent.embeds[i], descent.embeds[j] = table[ids[i - 1]], table[ids[j - 1]]
+        descent.distances, descent.window = distances[best], None
+        return True
 
     def _sweep(
         self, descent: _Descent, positions: list[int], options: list[list[int]], table
