@@ -95,14 +95,18 @@ def dager_lora(batches: int, data_dir: str | None) -> list[NamedOptions]:
 
 
 def dager_dropout(batches: int, data_dir: str | None) -> list[NamedOptions]:
-    """MiniLM's real train mode (dropout 0.1) against the eval-mode shortcut."""
+    """MiniLM's real train mode (its dropout 0.1, and 0.3) against the eval-mode shortcut."""
     cells = [
+        (f"minilm-cola-B{b}-eval", _dager("minilm", "cola", b, batches, data_dir, mode="eval"))
+        for b in (1, 4, 8)
+    ]
+    cells += [
         (
-            f"minilm-cola-B{b}-{mode}",
-            _dager("minilm", "cola", b, batches, data_dir, mode=mode),
+            f"minilm-cola-B{b}-train" + ("" if p == 0.1 else f"-p{p:g}"),
+            _dager("minilm", "cola", b, batches, data_dir, mode="train", dropout=p),
         )
-        for mode in ("eval", "train")
-        for b in (1, 4)
+        for p in (0.1, 0.3)
+        for b in (1, 4, 8)
     ]
     return cells
 
