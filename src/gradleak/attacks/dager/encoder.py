@@ -338,8 +338,9 @@ class EncoderSearch(SentenceSearch):
         if descent.distances is None:
             self._score(descent)
         trials = descent.embeds.expand(len(pairs), -1, -1).clone()
-        first, second = torch.tensor(pairs).T
-        rows = torch.arange(len(pairs))
+        device = descent.embeds.device
+        first, second = torch.tensor(pairs, device=device).T
+        rows = torch.arange(len(pairs), device=device)
         trials[rows, first], trials[rows, second] = trials[rows, second], trials[rows, first]
         distances = self._distances(trials)
         descent.scored += len(pairs)
@@ -436,7 +437,8 @@ class EncoderSearch(SentenceSearch):
         new_keys, new_values = adapter.block_keys_values(hf, 0, changed)
         norm = adapter.input_norm(hf, 1)
         out = []
-        for part in torch.arange(len(replacements)).split(self.settings.chunk):
+        every = torch.arange(len(replacements), device=embeds.device)
+        for part in every.split(self.settings.chunk):
             n = len(part)
             trial_keys, trial_values = keys.repeat(n, 1, 1), values.repeat(n, 1, 1)
             trial_keys[:, position], trial_values[:, position] = new_keys[part], new_values[part]
