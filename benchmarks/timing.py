@@ -15,7 +15,7 @@ from report import write_results
 from gradleak import runner
 from gradleak.attacks import make_attack
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
-from gradleak.attacks.optimization import DummyBatch
+from gradleak.attacks.optimization import DummyBatch, phases
 from gradleak.attacks.prior import CausalLMPrior
 from gradleak.data import demo_examples, load_examples, sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
@@ -112,7 +112,7 @@ def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: in
                 # benchmark repeats one round's candidates.
                 round_prior = prior_for(knowledge) if with_prior else None
                 dummy = DummyBatch(free=start.clone(), fixed=ws.fixed, free_mask=ws.free_mask)
-                attack._discrete_round(ws, dummy, round_prior, generator, Counter())
+                phases.discrete_round(attack.settings, ws, dummy, round_prior, generator, Counter())
 
             seconds = _mean_seconds(work, rounds, warmup=1)
             prior_name = prior.name if with_prior and prior else "none"

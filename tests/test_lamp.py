@@ -21,6 +21,7 @@ from gradleak.attacks.optimization import (
     OptimizationSettings,
     engine,
 )
+from gradleak.attacks.optimization.phases import discrete_round, start_embeddings
 from gradleak.attacks.prior import CausalLMPrior
 from gradleak.cli import app
 from gradleak.data import Example
@@ -209,7 +210,9 @@ def test_start_is_rescaled_to_the_mean_token_embedding_norm(tiny_victim):
     attack = make_attack("lamp-cos", steps=1, **TINY_LAMP)
     ws = attack.workspace(update, knowledge)
     info: dict = {}
-    free = attack._start(ws, [knowledge.labels], torch.Generator().manual_seed(0), info)
+    free = start_embeddings(
+        attack.settings, ws, [knowledge.labels], torch.Generator().manual_seed(0), info
+    )
     expected = mean_token_norm(victim)
     assert init.mean_embedding_norm(ws.embedding, ws.allowed) == pytest.approx(expected)
     assert info["init_size"] == pytest.approx(expected)
@@ -318,7 +321,7 @@ def test_discrete_round_restores_the_order_a_prior_prefers(tiny_victim):
     )
     accepted: Counter = Counter()
     prior = _OraclePrior(true_ids[1:-1].tolist())
-    attack._discrete_round(ws, dummy, prior, torch.Generator().manual_seed(0), accepted)
+    discrete_round(attack.settings, ws, dummy, prior, torch.Generator().manual_seed(0), accepted)
     assert ws.ids(dummy.free)[0].tolist() == true_ids.tolist()
     assert sum(accepted.values()) == 1
 

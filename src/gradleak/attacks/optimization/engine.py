@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from typing import Any
 
 import torch
 from torch import nn
@@ -297,7 +295,9 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         for problem in problems:
             began = time.perf_counter()
             starts.append(
-                self._start(problem.ws, problem.assignments, problem.generator, problem.info)
+                start_embeddings(
+                    s, problem.ws, problem.assignments, problem.generator, problem.info
+                )
             )
             problem.seconds["start"] = time.perf_counter() - began
         began = time.perf_counter()
@@ -360,8 +360,8 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                     if problem.error is not None:
                         continue
                     round_began = time.perf_counter()
-                    self._discrete_round(
-                        problem.ws, problem.dummy, prior, problem.generator, problem.accepted
+                    discrete_round(
+                        s, problem.ws, problem.dummy, prior, problem.generator, problem.accepted
                     )
                     problem.seconds["discrete"] += time.perf_counter() - round_began
                     discrete_s += time.perf_counter() - round_began
@@ -419,30 +419,9 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         logits = devices.randn(*shape, generator=generator, device=ws.embedding.device)
         return logits.requires_grad_(True)
 
-    def _start(
-        self,
-        ws: Workspace,
-        assignments: list[dict[str, torch.Tensor] | None],
-        generator: torch.Generator,
-        info: dict[str, Any],
-    ) -> torch.Tensor:
-        """The starting free embeddings (:func:`~.phases.start_embeddings`)."""
-        return start_embeddings(self.settings, ws, assignments, generator, info)
-
     def _discrete_due(self, step: int) -> bool:
         """LAMP's schedule: after the burn-in, at steps 1, 1 + N, 1 + 2N, ... (mod N)."""
         s = self.settings
         if s.discrete_every == 0 or step < s.discrete_burnin * s.steps:
             return False
         return (step - 1) % s.discrete_every == 0
-
-    def _discrete_round(
-        self,
-        ws: Workspace,
-        dummy: DummyBatch,
-        prior: LanguagePrior | None,
-        generator: torch.Generator,
-        accepted: Counter[str],
-    ) -> None:
-        """One discrete round on every sentence (:func:`~.phases.discrete_round`)."""
-        discrete_round(self.settings, ws, dummy, prior, generator, accepted)
