@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -70,6 +70,16 @@ class Prepared:
     defenses: list[Defense]
     load_s: float
     notices: list[str]  # one line each, for the user: options that were ignored and why
+
+    @cached_property
+    def input_tokens(self) -> list[int]:
+        """Each input's padded size in tokens (rows times its longest row): what a stack pays.
+        Tokenized once: the runner sizes its stacks, orders its blocks and its workers by it."""
+        tokenizer = self.victim.tokenizer
+        return [
+            len(batch) * max(len(tokenizer(ex.text)["input_ids"]) for ex in batch)
+            for batch in self.batches
+        ]
 
 
 def build_attack(config: RunConfig) -> Attack:

@@ -158,12 +158,8 @@ def stack_size(
 
 
 def input_tokens(prepared: Prepared) -> list[int]:
-    """Each input's padded size in tokens (rows times its longest row): what a stack pays."""
-    tokenizer = prepared.victim.tokenizer
-    return [
-        len(batch) * max(len(tokenizer(ex.text)["input_ids"]) for ex in batch)
-        for batch in prepared.batches
-    ]
+    """Each input's padded size in tokens (:attr:`Prepared.input_tokens`)."""
+    return prepared.input_tokens
 
 
 def stack_blocks(prepared: Prepared, count: int, size: int) -> list[list[int]]:
