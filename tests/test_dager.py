@@ -18,7 +18,8 @@ from gradleak.attacks.dager import (
 from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
-from gradleak.attacks.dager.encoder import EncoderSearch, _Descent
+from gradleak.attacks.dager.descent import Descent
+from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import SearchState
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
@@ -534,7 +535,7 @@ def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
     exchanged[2], exchanged[5] = exchanged[5], exchanged[2]  # folk <-> pop
     table = search.table
     with torch.no_grad():
-        descent = _Descent(list(exchanged), table[[truth[0], *exchanged, truth[-1]]].clone())
+        descent = Descent(list(exchanged), table[[truth[0], *exchanged, truth[-1]]].clone())
         assert not search._sentence_passes(descent)
         assert search._swap(descent, list(range(1, len(inner) + 1)), table)
         assert descent.ids == inner and search._sentence_passes(descent)
