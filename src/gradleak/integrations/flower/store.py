@@ -1,0 +1,107 @@
+"""A federation's results in one SQLite file, a round at a time: a run stopped midway keeps
+every round it finished (its setup, utility and audit entries)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from gradleak import __version__
+from gradleak.environment import machine, versions
+from gradleak.integrations.flower.audit import AuditEntry
+from gradleak.integrations.flower.setup import FederationSetup
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY,  -- 0: the initial model
+    utility TEXT NOT NULL,      -- dev metrics of the global model after the round, JSON
+    seconds REAL NOT NULL,      -- the round's wall time, audit included
+    audit_seconds REAL NOT NULL,
+    written REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS entries (
+    round INTEGER NOT NULL,
+    node TEXT NOT NULL,         -- Flower's node id (64-bit unsigned, as text)
+    attack TEXT NOT NULL,
+    entry TEXT NOT NULL,        -- the audit entry, JSON
+    PRIMARY KEY (round, node, attack)
+);
+"""
+
+
+class FederationStore:
+    """``federation.sqlite``: the setup, each round's utility and audit entries."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def new(cls, path: str | Path, setup: FederationSetup) -> FederationStore:
+        """The store of a new run of ``setup`` (a former run's rounds in the file go)."""
+        store = cls(path)
+        with store._connect() as connection:
+            connection.execute("DELETE FROM rounds")  # a new run of the federation
+            connection.execute("DELETE FROM entries")
+            meta = {
+                "setup": setup.model_dump_json(),
+                "gradleak_version": __version__,
+                "versions": json.dumps(versions()),
+                "machine": json.dumps(machine()),
+                "started": str(time.time()),
+            }
+            connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+        connection.close()
+        return store
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self.path, timeout=60.0)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.executescript(SCHEMA)
+        return connection
+
+    def add_round(
+        self,
+        server_round: int,
+        utility: dict[str, float],
+        entries: list[AuditEntry],
+        seconds: float,
+        audit_seconds: float,
+    ) -> None:
+        with self._connect() as connection:
+            connection.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
+                (server_round, json.dumps(utility), seconds, audit_seconds, time.time()),
+            )
+            connection.executemany(
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                [(e.round, str(e.node), e.attack, json.dumps(e.to_dict())) for e in entries],
+            )
+        connection.close()
+
+    def finish(self, seconds: float) -> None:
+        with self._connect() as connection:
+            connection.execute("INSERT OR REPLACE INTO meta VALUES ('seconds', ?)", (str(seconds),))
+        connection.close()
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """The stored rounds with their entries, in order (for reports and tests)."""
+        with self._connect() as connection:
+            rows = connection.execute(
+                "SELECT round, utility, seconds, audit_seconds FROM rounds ORDER BY round"
+            ).fetchall()
+            entries = connection.execute("SELECT round, entry FROM entries").fetchall()
+        connection.close()
+        return [
+            {
+                "round": r,
+                "utility": json.loads(u),
+                "seconds": s,
+                "audit_seconds": a,
+                "entries": [json.loads(e) for er, e in entries if er == r],
+            }
+            for r, u, s, a in rows
+        ]

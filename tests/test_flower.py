@@ -1,0 +1,475 @@
+"""The Flower integration: the audit wrapper, gradleak's Flower clients, Flower's DP in both
+orders, canaries, the setup file, and real simulations (Flower's engine on a local Ray).
+
+Most tests drive the strategies with an in-process grid (each message handed straight to the
+ClientApp, mods included): the same strategy code as in a simulation, without Ray's start-up.
+Two tests run ``run_simulation`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+flwr = None
+if os.environ.get("GRADLEAK_REQUIRE_FLOWER") == "1":
+    import flwr  # noqa: F811  (CI: the extra must be installed; its absence fails)
+else:
+    flwr = pytest.importorskip(
+        "flwr", reason="the flower extra is not installed: pip install 'gradleak[flower]'"
+    )
+
+from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import (  # noqa: E402
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
+)
+
+import gradleak  # noqa: E402
+from gradleak.attacks import Plan, Reconstruction  # noqa: E402
+from gradleak.errors import GradleakError  # noqa: E402
+from gradleak.integrations.flower import (  # noqa: E402
+    AuditSample,
+    FedSgd,
+    LeakageAudit,
+    ServerModel,
+    client_app,
+    run_federation,
+)
+from gradleak.integrations.flower.arrays import model_arrays  # noqa: E402
+from gradleak.integrations.flower.canaries import canary_scores, planted  # noqa: E402
+from gradleak.integrations.flower.client import build_global_model, round_batch  # noqa: E402
+from gradleak.integrations.flower.federation import _client_mods  # noqa: E402
+from gradleak.integrations.flower.ledger import Ledger  # noqa: E402
+from gradleak.integrations.flower.partition import client_partitions  # noqa: E402
+from gradleak.integrations.flower.scoring import CanaryScorer, SimulationScorer  # noqa: E402
+from gradleak.integrations.flower.setup import Canary, load_setup, setup_of  # noqa: E402
+
+PIN = "My card PIN is 4921, please do not share it."
+
+
+class InProcessGrid:
+    """A grid whose nodes are ``app`` called in this process: node i holds partition i."""
+
+    def __init__(self, app, clients: int) -> None:
+        self.app = app
+        self.nodes = {1000 + i: i for i in range(clients)}
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            config = {"partition-id": self.nodes[node], "num-partitions": len(self.nodes)}
+            context = Context(
+                run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={}
+            )
+            replies.append(self.app(message, context))
+        return replies
+
+
+@pytest.fixture(autouse=True)
+def _server_identity(monkeypatch):
+    """Flower stamps a message with the identity of the process's task, which its runtimes
+    set; the in-process grid plays the server's part, so the tests set it."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attribute, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attribute, value)
+
+
+def tiny_setup(**changes):
+    base = {
+        "model": "tiny-bert",
+        "rounds": 1,
+        "batch_size": 2,
+        "partition": {"clients": 2},
+        "protocol": {"algorithm": "fedavg", "mode": "eval", "lr": 0.05},
+        "utility": {"dev_examples": 0},
+    }
+    for key, value in changes.items():
+        base[key] = {**base[key], **value} if isinstance(value, dict) and key in base else value
+    return setup_of(base)
+
+
+@dataclass
+class Seen:
+    update: object
+    knowledge: object
+
+
+class SpyAttack:
+    """Stands in for an attack: records what it is handed, reconstructs nothing."""
+
+    name = "spy"
+    paper_pairing = "matched"
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.calls: list[str] = []
+
+    def check(self, update, knowledge):
+        return Plan()
+
+    def run(self, update, knowledge, plan, seed):
+        self.seen.append(Seen(update, knowledge))
+        self.calls.append("attack")
+        return Reconstruction(token_ids=[])
+
+
+def audited(setup, strategy_of, ledger=None, spy=None):
+    """Run ``setup``'s rounds in process with the audit placed by ``strategy_of(audit)``;
+    the audit's attack is a spy. Returns (audit, spy, final arrays)."""
+    global_model = build_global_model(setup)
+    audit = LeakageAudit(
+        FedSgd(server_lr=setup.server_lr, fraction_evaluate=0.0, min_available_nodes=2)
+        if setup.protocol.algorithm == "fedsgd"
+        else FedAvg(fraction_evaluate=0.0, min_available_nodes=2),
+        ["dager"],
+        ServerModel(global_model, setup.audit.known_lengths, setup.audit.known_labels),
+        scorers=[SimulationScorer(ledger, global_model)] if ledger else [],
+    )
+    spy = spy or SpyAttack()
+    audit._attackers = [spy]
+    app = client_app(
+        setup,
+        client_partitions(setup),
+        None if ledger is None else str(ledger.path),
+        _client_mods(setup),
+    )
+    strategy = strategy_of(audit)
+    result = strategy.start(
+        grid=InProcessGrid(app, setup.partition.clients),
+        initial_arrays=model_arrays(global_model),
+        num_rounds=setup.rounds,
+    )
+    return audit, spy, result.arrays
+
+
+def delta_norms(spy) -> list[float]:
+    return [
+        float(torch.sqrt(sum((t.double() ** 2).sum() for t in seen.update.tensors.values())))
+        for seen in spy.seen
+    ]
+
+
+# --- the audit wrapper ----------------------------------------------------------------------
+
+
+def test_the_aggregate_is_bit_identical_with_and_without_the_audit():
+    setup = tiny_setup(rounds=2)
+    global_model = build_global_model(setup)
+    app = client_app(setup, client_partitions(setup))
+    plain = FedAvg(fraction_evaluate=0.0, min_available_nodes=2).start(
+        grid=InProcessGrid(app, 2), initial_arrays=model_arrays(global_model), num_rounds=2
+    )
+    audit, spy, arrays = audited(setup, lambda audit: audit)
+    assert len(spy.seen) == 4  # both clients, both rounds
+    assert list(arrays.keys()) == list(plain.arrays.keys())
+    for name in arrays:
+        assert np.array_equal(arrays[name].numpy(), plain.arrays[name].numpy()), name
+
+
+def test_a_fedavg_reply_becomes_its_weight_delta_and_a_fedsgd_reply_its_gradient():
+    setup = tiny_setup(protocol={"algorithm": "fedsgd"}, batch_size=2)
+    audit, spy, _ = audited(setup, lambda audit: audit)
+    model, tokenizer = gradleak.load_model("tiny-bert", seed=setup.seed)
+    partitions = client_partitions(setup)
+    # the node of partition 0 is 1000 in the in-process grid: the audited updates come sorted
+    first = round_batch(setup, partitions[0], 1, 0)
+    standalone = gradleak.client_update(
+        model,
+        tokenizer,
+        [e.text for e in first],
+        [e.label for e in first],
+        protocol="fedsgd",
+        mode="eval",
+    )
+    seen = spy.seen[0].update
+    assert seen.kind == "gradient"
+    assert set(seen.tensors) == set(standalone.tensors)
+    for name, tensor in standalone.tensors.items():
+        assert torch.equal(seen.tensors[name], tensor), name
+
+
+def test_the_attack_sees_only_the_update_and_the_servers_knowledge(tmp_path):
+    spy = SpyAttack()
+    ledger = SpyLedger(tmp_path / "private.sqlite", spy)
+    setup = tiny_setup()
+    audit, _, _ = audited(setup, lambda audit: audit, ledger=ledger, spy=spy)
+    private = {e.text.lower() for e in round_batch(setup, client_partitions(setup)[0], 1, 0)}
+    for seen in spy.seen:
+        knowledge = seen.knowledge
+        assert knowledge.lengths is None and knowledge.labels is None
+        assert knowledge.template_ids is None
+        reachable = repr(vars(knowledge)) + repr(seen.update.metadata)
+        assert not any(text in reachable.lower() for text in private)
+        assert str(ledger.path) not in reachable
+    # the side channel is read once per entry, each time after that entry's attack returned
+    assert ledger.reads == list(range(1, len(spy.seen) + 1))
+    assert all(e.scoring == "simulation" for e in audit.entries)
+
+
+class SpyLedger(Ledger):
+    """A ledger that notes how many attacks had run each time it was read."""
+
+    def __init__(self, path, spy: SpyAttack) -> None:
+        super().__init__(path)
+        self.spy = spy
+        self.reads: list[int] = []
+
+    def read(self, server_round, node):
+        self.reads.append(len(self.spy.seen))
+        return super().read(server_round, node)
+
+
+def test_declared_batch_facts_reach_the_attack_only_when_the_server_knows_them():
+    setup = tiny_setup(audit={"known_lengths": True, "known_labels": True})
+    audit, spy, _ = audited(setup, lambda audit: audit)
+    batch = round_batch(setup, client_partitions(setup)[0], 1, 0)
+    knowledge = spy.seen[0].knowledge
+    assert knowledge.lengths is not None and len(knowledge.lengths) == len(batch)
+    assert knowledge.labels["label"].tolist() == [e.label for e in batch]
+
+
+def test_a_missing_declared_fact_is_the_entrys_refusal():
+    setup = tiny_setup()  # the clients declare nothing
+    global_model = build_global_model(setup)
+    audit = LeakageAudit(
+        FedAvg(fraction_evaluate=0.0, min_available_nodes=2),
+        ["dager"],
+        ServerModel(global_model, known_lengths=True),
+    )
+    app = client_app(setup, client_partitions(setup))
+    audit.start(grid=InProcessGrid(app, 2), initial_arrays=model_arrays(global_model), num_rounds=1)
+    assert audit.entries and all("declared none" in e.refusal for e in audit.entries)
+
+
+def test_the_sample_picks_clients_per_round_with_its_seed():
+    setup = tiny_setup(rounds=2, partition={"clients": 3}, fraction=1.0)
+    global_model = build_global_model(setup)
+    audit = LeakageAudit(
+        FedAvg(fraction_evaluate=0.0, min_available_nodes=3),
+        ["dager"],
+        ServerModel(global_model, setup.audit.known_lengths, setup.audit.known_labels),
+        sample=AuditSample(1, rounds=(2,), seed=3),
+    )
+    spy = SpyAttack()
+    audit._attackers = [spy]
+    app = client_app(setup, client_partitions(setup))
+    audit.start(grid=InProcessGrid(app, 3), initial_arrays=model_arrays(global_model), num_rounds=2)
+    assert [(e.round) for e in audit.entries] == [2]
+
+
+# --- Flower's differential privacy: what the audit sees in each order -----------------------
+
+
+def raw_norms():
+    _, spy, _ = audited(tiny_setup(), lambda audit: audit)
+    return delta_norms(spy)
+
+
+def test_central_dp_inside_the_audit_shows_clipped_unnoised_updates_outside_the_raw_ones():
+    raw = raw_norms()
+    clip = min(raw) / 4
+    setup = tiny_setup(privacy={"central": {"clip": clip, "noise_multiplier": 0.0}})
+
+    def inside(audit):
+        return DifferentialPrivacyServerSideFixedClipping(audit, 0.0, clip, 2)
+
+    def outside(audit):
+        audit.strategy = DifferentialPrivacyServerSideFixedClipping(audit.strategy, 0.0, clip, 2)
+        return audit
+
+    _, spy_in, _ = audited(setup, inside)
+    assert delta_norms(spy_in) == pytest.approx([clip, clip], rel=1e-4)
+    _, spy_out, _ = audited(setup, outside)
+    assert delta_norms(spy_out) == pytest.approx(raw, rel=1e-6)
+
+
+def test_client_side_clipping_and_local_dp_show_what_the_clients_sent():
+    raw = raw_norms()
+    clip = min(raw) / 4
+    setup = tiny_setup(privacy={"client": {"kind": "fixed-clipping", "clip": clip}})
+    _, spy, _ = audited(
+        setup, lambda audit: DifferentialPrivacyClientSideFixedClipping(audit, 0.0, clip, 2)
+    )
+    assert delta_norms(spy) == pytest.approx([clip, clip], rel=1e-4)
+    local = tiny_setup(
+        privacy={
+            "client": {
+                "kind": "local-dp",
+                "clip": clip,
+                "sensitivity": clip,
+                "epsilon": 10.0,
+                "delta": 1e-5,
+            }
+        }
+    )
+    _, spy, _ = audited(local, lambda audit: audit)
+    # clipped to clip, then noised: the norm grows well past the clip
+    assert all(norm > 2 * clip for norm in delta_norms(spy))
+
+
+# --- canaries -------------------------------------------------------------------------------
+
+
+def test_canary_scores_on_known_reconstructions():
+    _, tokenizer = gradleak.load_model("tiny-bert")
+    canary = Canary(text=PIN, secrets=("4921",))
+    ids = tokenizer([PIN, "the spare key is here."])["input_ids"]
+    hit = canary_scores([canary], ids, tokenizer)[0]
+    assert hit["exact"] and hit["rouge1"] == 100.0 and hit["secrets"] == ["4921"]
+    miss_ids = tokenizer(["my card pin is 1111, please share it."])["input_ids"]
+    miss = canary_scores([canary], miss_ids, tokenizer)[0]
+    assert not miss["exact"] and miss["secrets"] == [] and 50 < miss["rouge1"] < 100
+
+
+def test_a_planting_client_rotates_its_canaries_through_the_rounds():
+    canaries = [Canary(text=f"canary number {i}.") for i in range(3)]
+    assert [e.text for e in planted(canaries, 1, 2)] == ["canary number 0.", "canary number 1."]
+    assert [e.text for e in planted(canaries, 2, 2)] == ["canary number 2.", "canary number 0."]
+
+
+def test_a_canary_is_recovered_from_a_live_fedsgd_round():
+    setup = tiny_setup(
+        protocol={"algorithm": "fedsgd"},
+        canaries={"clients": [0], "records": [{"text": PIN, "secrets": ["4921"]}]},
+        batch_size=1,
+    )
+    global_model = build_global_model(setup)
+    audit = LeakageAudit(
+        FedSgd(fraction_evaluate=0.0, min_available_nodes=2),
+        ["dager"],
+        ServerModel(global_model, setup.audit.known_lengths, setup.audit.known_labels),
+        scorers=[CanaryScorer(setup.canaries.records, global_model)],
+    )
+    app = client_app(setup, client_partitions(setup))
+    audit.start(grid=InProcessGrid(app, 2), initial_arrays=model_arrays(global_model), num_rounds=1)
+    scores = [e.scores["canaries"][0] for e in audit.entries]
+    assert sum(s["exact"] for s in scores) == 1  # the planting client's, not the other's
+    assert any(s["secrets"] == ["4921"] for s in scores)
+
+
+# --- the setup file -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {
+                "protocol": {"algorithm": "fedsgd"},
+                "privacy": {"central": {"clip": 1.0, "noise_multiplier": 0.1}},
+            },
+            "a FedSGD reply is a gradient",
+        ),
+        ({"canaries": {"records": [{"text": "a b c", "secrets": ["d"]}]}}, "is not in its text"),
+        ({"canaries": {"clients": [5], "records": [{"text": "a"}]}}, "partition 5 does not"),
+        ({"audit": {"attacks": ["nope"]}}, "nope"),
+        ({"audit": {"scoring": "canaries"}}, "needs canaries.records"),
+    ],
+)
+def test_a_bad_setup_is_one_line_naming_the_field(changes, message):
+    with pytest.raises(GradleakError, match=message) as caught:
+        tiny_setup(**changes)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_setup_file_loads_and_a_bad_one_says_where(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "model: tiny-bert\nrounds: 2\naudit:\n  attacks: [dager, {name: tag, steps: 5}]\n"
+    )
+    setup = load_setup(good)
+    assert [a.name for a in setup.audit.attacks] == ["dager", "tag"]
+    assert setup.audit.attacks[1].steps == 5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: 0\n")
+    with pytest.raises(GradleakError, match=r"bad.yaml: rounds"):
+        load_setup(bad)
+
+
+def test_partitions_split_all_examples_iid_and_by_label():
+    iid = client_partitions(tiny_setup(partition={"clients": 4}))
+    assert sorted(len(p) for p in iid) == [4, 4, 4, 4]
+    assert len({e.text for p in iid for e in p}) == 16
+    skewed = client_partitions(
+        tiny_setup(partition={"clients": 2, "scheme": "dirichlet", "alpha": 0.3, "min_examples": 1})
+    )
+    assert sum(len(p) for p in skewed) == 16
+    assert skewed == client_partitions(
+        tiny_setup(partition={"clients": 2, "scheme": "dirichlet", "alpha": 0.3, "min_examples": 1})
+    )
+
+
+# --- real simulations (Flower's engine on a local Ray instance) -----------------------------
+
+
+@pytest.mark.slow
+def test_dager_in_a_live_simulation_recovers_a_fedsgd_batch_as_the_standalone_attack(tmp_path):
+    """MiniLM, FedSGD, 2 clients with batches of 4, one round under run_simulation: the audit
+    recovers each batch exactly, and the same as DAGER on the standalone update."""
+    setup = setup_of(
+        {
+            "model": "minilm",
+            "rounds": 1,
+            "batch_size": 4,
+            "partition": {"clients": 2},
+            "protocol": {"algorithm": "fedsgd", "mode": "eval"},
+            "audit": {"attacks": ["dager"]},
+            "utility": {"dev_examples": 8, "split": "train"},
+        }
+    )
+    result = run_federation(setup, out=tmp_path)
+    entries = result.rounds[0].entries
+    assert len(entries) == 2
+    model, tokenizer = gradleak.load_model("minilm", seed=setup.seed)
+    ledger = Ledger(tmp_path / "private.sqlite")
+    for entry in entries:
+        batch = ledger.read(1, entry.node)
+        assert entry.scores["simulation"]["exact"] == [True] * 4, entry.texts
+        update = gradleak.client_update(
+            model,
+            tokenizer,
+            [e.text for e in batch],
+            [e.label for e in batch],
+            protocol="fedsgd",
+            mode="eval",
+        )
+        alone = gradleak.invert(
+            update, model, tokenizer, "dager", known_labels=False, known_lengths=False
+        )
+        assert sorted(alone.token_ids) == sorted(entry.token_ids)
+
+
+@pytest.mark.slow
+def test_gradleak_flower_runs_a_setup_file_and_prints_each_round(tmp_path):
+    from typer.testing import CliRunner
+
+    from gradleak.cli import app
+    from gradleak.integrations.flower.store import FederationStore
+
+    setup = tmp_path / "setup.yaml"
+    setup.write_text(
+        "model: tiny-bert\nrounds: 2\nbatch_size: 2\npartition: {clients: 2}\n"
+        "protocol: {algorithm: fedavg, mode: eval, lr: 0.05}\n"
+        "audit: {attacks: [dager]}\nutility: {dev_examples: 8, split: train}\n"
+        f"canaries: {{clients: [0], records: [{{text: '{PIN}', secrets: ['4921']}}]}}\n"
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["flower", str(setup), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "round 1" in result.output and "round 2" in result.output
+    rounds = FederationStore(out / "federation.sqlite").rounds()
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert all(len(r["entries"]) == 2 for r in rounds[1:])
+    bad = CliRunner().invoke(app, ["flower", str(tmp_path / "missing.yaml")])
+    assert bad.exit_code == 2 and "cannot read the setup file" in bad.output
