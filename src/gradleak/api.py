@@ -32,6 +32,7 @@ from gradleak.config import RunConfig
 from gradleak.data import Example
 from gradleak.defenses import build_defenses, clients_of, privacy_facts
 from gradleak.devices import resolve_device
+from gradleak.distributed import check_backend, ray_session
 from gradleak.errors import GradleakError, GradleakNotice, OptionError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import client_update as one_client_update
@@ -60,6 +61,8 @@ def run(
     threads: int | None = None,
     device: str | None = None,
     stack: int | str = 1,
+    backend: str = "processes",
+    ray_address: str | None = None,
     **options: Any,
 ) -> Record:
     """Run one attack over a scenario's inputs and return its record: ``gradleak attack``.
@@ -81,7 +84,9 @@ def run(
     """
     run_config = _merged_config(config, options)
     path = None if out is None else str(out)
-    with kept_global_state(threads), _reporter(progress, run_config) as report:
+    check_backend(backend)
+    ray = ray_session(ray_address) if backend == "ray" else contextlib.nullcontext()
+    with kept_global_state(threads), ray, _reporter(progress, run_config) as report:
         record = runner.run(
             run_config,
             out=path,
@@ -89,6 +94,8 @@ def run(
             workers=workers,
             device=device or "cpu",
             stack=stack,
+            backend=backend,
+            ray_address=ray_address,
         )
     for notice in record.notices:
         warnings.warn(notice, GradleakNotice, stacklevel=2)

@@ -92,11 +92,16 @@ def attack(**options: Any) -> None:
     """  # noqa: E501  one paragraph: the help reflows it
     workers, out = options.pop("workers"), options.pop("out")
     stack = options.pop("stack") or 1
+    backend = options.pop("backend") or "processes"
     try:
         with warnings.catch_warnings():  # the notices are printed below, with the record
             warnings.simplefilter("ignore", GradleakNotice)
             record = api.run(
-                out=out, workers=1 if workers is None else workers, stack=stack, **options
+                out=out,
+                workers=1 if workers is None else workers,
+                stack=stack,
+                backend=backend,
+                **options,
             )
     except GradleakError as exc:
         raise fail(str(exc)) from None

@@ -43,6 +43,12 @@ def run(
     stack: Annotated[
         str, typer.Option(help="inputs optimized together in one batched pass: N or auto")
     ] = "1",
+    backend: Annotated[
+        str, typer.Option(help="what runs the workers: processes, or ray (Ray actors)")
+    ] = "processes",
+    ray_address: Annotated[
+        str | None, typer.Option(help="--backend ray: join the cluster at HOST:PORT")
+    ] = None,
 ) -> None:
     """Run a declared experiment: the grid of its fixed settings and axes, each finished
     input kept in one SQLite database (re-running resumes)."""
@@ -54,7 +60,8 @@ def run(
         with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
             result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
                                     progress=progress, utility_progress=utility,
-                                    stack=stack)  # fmt: skip
+                                    stack=stack, backend=backend,
+                                    ray_address=ray_address)  # fmt: skip
     except GradleakError as exc:
         raise fail(str(exc)) from None
     show_result(loaded, result)

@@ -21,6 +21,9 @@ def flower(
     data_dir: Annotated[
         str | None, typer.Option(help="data folder, if the setup names none (else env)")
     ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="run the clients on the Ray cluster at HOST:PORT")
+    ] = None,
 ) -> None:
     """Simulate a Flower federation (the setup's model, data, clients, rounds, LoRA, DP) and
     audit its updates with gradleak's attacks: per round, the global model's dev metrics and
@@ -38,7 +41,7 @@ def flower(
             f"{', '.join(a.name for a in loaded.audit.attacks) or 'none'}",
             highlight=False,
         )
-        result = run_federation(loaded, out, on_round=_print_round)
+        result = run_federation(loaded, out, on_round=_print_round, ray_address=ray_address)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     console.print(f"done in {result.seconds:.1f} s" + (f"; results in {out}" if out else ""))

@@ -39,6 +39,13 @@ RUN_OPTIONS: tuple[tuple[str, type, str], ...] = (
         "one by one up to rounding): a number, or auto to pick from the machine and the "
         "lengths (default: 1)",
     ),
+    (
+        "backend",
+        str,
+        "what runs the workers: processes (local) or ray (Ray actors; a local instance, or "
+        "the cluster at --ray-address) (default: processes)",
+    ),
+    ("ray_address", str, "--backend ray: join the Ray cluster at this address (HOST:PORT)"),
     ("out", str, "write the JSON record here (resumable: run again to continue)"),
 )
 

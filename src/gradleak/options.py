@@ -33,7 +33,9 @@ UTILITY_PANEL = "Fine-tuning"
 DEFAULT_ATTACK = "tag"
 # The keyword arguments of gradleak.run (and options of gradleak attack) that are not options
 # of the config: they do not change the result.
-RUN_KEYWORDS = ("out", "progress", "workers", "threads", "device", "stack")
+RUN_KEYWORDS = (
+    "out", "progress", "workers", "threads", "device", "stack", "backend", "ray_address",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,7 @@ class Record(BaseModel):
     machine: dict[str, Any]
     torch_threads: int  # of each process that attacked
     workers: int = 1
+    backend: str = "processes"  # what ran the workers: local processes or Ray actors
     device: str = "cpu"  # where the run computed (records written before devices: the CPU)
     notices: list[str] = Field(default_factory=list)  # options ignored, and why
     provenance: Provenance | None = None  # None in records written before it was recorded

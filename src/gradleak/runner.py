@@ -19,6 +19,7 @@ from gradleak.attacks.base import Attack
 from gradleak.config import RunConfig
 from gradleak.defenses import DEFENSES
 from gradleak.devices import resolve_device
+from gradleak.distributed import attack_on_ray, check_backend
 from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
 from gradleak.recipe import Prepared, attack_inputs, describe_scenario, prepare
@@ -38,6 +39,8 @@ def run(
     device: torch.device | str = "cpu",
     store: Results | None = None,
     stack: int | str = 1,
+    backend: str = "processes",
+    ray_address: str | None = None,
 ) -> Record:
     """Run ``config`` and return its record (also written to ``out`` when given).
 
@@ -64,6 +67,7 @@ def run(
     if workers < 1:
         raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
     stack = requested_stack(stack)
+    check_backend(backend)
     total_start = time.perf_counter()
     device = resolve_device(device)
     if store is None:
@@ -82,7 +86,8 @@ def run(
         for whole in stack_blocks(prepared, len(wanted), size)
         if (block := [i for i in whole if i not in done])
     ]
-    parallel = workers > 1 and len(blocks) > 1
+    on_ray = backend == "ray" and bool(blocks)
+    parallel = on_ray or (workers > 1 and len(blocks) > 1)
     threads = worker_threads(workers) if parallel else torch.get_num_threads()
     if parallel:
         check_workers_can_build(config)
@@ -92,7 +97,10 @@ def run(
         # are the same in any order)
         tokens = input_tokens(prepared)
         blocks.sort(key=lambda block: -sum(tokens[i] for i in block))
-        new_samples = attack_in_workers(config, blocks, workers, device)
+        if on_ray:
+            new_samples = attack_on_ray(config, blocks, workers, threads, str(device), ray_address)
+        else:
+            new_samples = attack_in_workers(config, blocks, workers, device)
     else:
         new_samples = (s for block in blocks for s in attack_inputs(config, prepared, block))
     for sample in new_samples:
@@ -103,8 +111,9 @@ def run(
     samples = [done[i] for i in wanted]
     total_s = time.perf_counter() - total_start
     record = build_record(
-        config, prepared, samples, total_s, threads, workers if parallel else 1, str(device)
-    )
+        config, prepared, samples, total_s, threads, workers if parallel else 1, str(device),
+        backend if on_ray else "processes",
+    )  # fmt: skip
     if len(samples) == len(prepared.batches):
         store.finish(record.to_json())
     return record
@@ -193,6 +202,7 @@ def build_record(
     threads: int,
     workers: int = 1,
     device: str = "cpu",
+    backend: str = "processes",
 ) -> Record:
     """The record of stored samples (as ``recipe.attack_input`` returns them)."""
     dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
@@ -214,6 +224,7 @@ def build_record(
         machine=machine(),
         torch_threads=threads,
         workers=workers,
+        backend=backend,
         device=device,
         notices=prepared.notices,
         provenance=provenance(config),

@@ -4,6 +4,7 @@ same experiment (or of another file declaring the same cells) finished."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch
 from gradleak import runner
 from gradleak.data.sources import dataset_status
 from gradleak.devices import resolve_device
+from gradleak.distributed import check_backend, ray_session
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import CellStatus, ExperimentDatabase, cell_key
 from gradleak.experiments.estimate import CellEstimate, estimate
@@ -151,6 +153,8 @@ def run_experiment(
     limit: int | None = None,
     data_dir: str | None = None,
     stack: int | str = 1,
+    backend: str = "processes",
+    ray_address: str | None = None,
     progress: GridProgress | None = None,
     utility_progress: UtilityProgress | None = None,
 ) -> ExperimentRun:
@@ -160,7 +164,8 @@ def run_experiment(
     Cells already finished there are not run again, and part-way cells resume. A cell whose
     run fails (a dataset too small for its inputs, an attack that cannot apply) is reported
     in the result's ``errors`` and the grid goes on. ``limit`` runs at most the first
-    ``limit`` inputs of each cell. ``workers``, ``device``, ``stack``: as ``gradleak.run``.
+    ``limit`` inputs of each cell. ``workers``, ``device``, ``stack``, ``backend``,
+    ``ray_address``: as ``gradleak.run`` (one Ray instance serves the whole grid).
 
     An experiment with a ``utility:`` section then fine-tunes each distinct scenario of its
     grid once (not again on a re-run) and keeps its dev metrics beside the cells'."""
@@ -170,7 +175,9 @@ def run_experiment(
     folder = Path(out) if out is not None else experiment.default_out()
     device = str(resolve_device(device))
     result = ExperimentRun(folder)
-    with ExperimentDatabase(folder) as database:
+    check_backend(backend)
+    ray = ray_session(ray_address) if backend == "ray" else contextlib.nullcontext()
+    with ray, ExperimentDatabase(folder) as database:
         database.set_meta("name", experiment.name)
         database.set_meta("experiment", experiment.file.path.read_text(encoding="utf-8"))
         database.set_meta("description", experiment.file.spec.description)
@@ -179,7 +186,8 @@ def run_experiment(
         for cell in experiment.cells:  # every planned cell, so a report shows what is to come
             database.cell_results(cell, device).start()
         run_cells(experiment.cells, database, result, workers=workers, device=device,
-                  limit=limit, progress=progress, stack=stack)  # fmt: skip
+                  limit=limit, progress=progress, stack=stack, backend=backend,
+                  ray_address=ray_address)  # fmt: skip
         if experiment.utility is not None:
             database.set_meta("utility", experiment.utility.model_dump_json())
             result.utility_errors = measure_cells(
@@ -199,6 +207,8 @@ def run_cells(
     limit: int | None = None,
     progress: GridProgress | None = None,
     stack: int | str = 1,
+    backend: str = "processes",
+    ray_address: str | None = None,
 ) -> None:
     """Run ``cells`` in order into ``database``, adding each one's record (or its error) to
     ``result``: the loop of :func:`run_experiment`, for callers that make their own cells."""
@@ -218,7 +228,8 @@ def run_cells(
         store = database.cell_results(cell, device)
         try:
             record = runner.run(cell.config, progress=report, workers=workers, device=device,
-                                limit=limit, store=store, stack=stack)  # fmt: skip
+                                limit=limit, store=store, stack=stack, backend=backend,
+                                ray_address=ray_address)  # fmt: skip
         except GradleakError as exc:
             result.errors[cell.name] = str(exc)
             continue

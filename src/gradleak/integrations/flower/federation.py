@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import (
 from flwr.simulation import run_simulation
 
 from gradleak.data.sources import load_examples
+from gradleak.distributed import connect
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 from gradleak.global_state import kept_global_state
@@ -83,10 +84,17 @@ def run_federation(
     setup: FederationSetup | dict[str, Any],
     out: str | Path | None = None,
     on_round: Callable[[RoundResult], None] | None = None,
+    ray_address: str | None = None,
 ) -> FederationResult:
     """Simulate the federation ``setup`` describes, auditing its rounds; results also go to
-    ``out/federation.sqlite`` (with the simulation's ledger beside it) when ``out`` is given."""
+    ``out/federation.sqlite`` (with the simulation's ledger beside it) when ``out`` is given.
+
+    Flower's engine runs the clients on Ray: on the cluster at ``ray_address``, on a Ray
+    instance already running in this process (``gradleak.distributed``'s), or on a local one
+    it starts. Flower shuts Ray down when the simulation ends."""
     setup = setup_of(setup)
+    if ray_address is not None:
+        connect(ray_address)
     partitions = client_partitions(setup)
     with _folder(out) as folder:
         ledger = Ledger(folder / "private.sqlite")
