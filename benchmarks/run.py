@@ -10,6 +10,8 @@ Suites:
                  --threads threads vs two worker processes sharing them (wall s per input).
   stack_step     one continuous step of LAMP_cos, TAG and DLG on P = 1, 4, 8, 16 MiniLM CoLA
                  inputs, one by one vs stacked (--stack), and each in forward passes.
+  flower_audit   a 4-client, 3-round Flower federation (MiniLM SST-2, LoRA, FedAvg) audited by
+                 DAGER and TAG, and without the audit: seconds per round, what leaked.
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
   dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
@@ -74,6 +76,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
+import flower_audit  # noqa: E402
 import lti_speed  # noqa: E402
 import stack_step  # noqa: E402
 import suites_dager  # noqa: E402
@@ -102,6 +105,7 @@ TIMED_SUITES = {
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
     **stack_step.SUITES,
+    **flower_audit.SUITES,
 }
 SUITES = [*TIMED_SUITES, *CELL_SUITES]
 DEFAULT_SIZES = {
