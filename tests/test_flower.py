@@ -455,7 +455,7 @@ def test_gradleak_flower_runs_a_setup_file_and_prints_each_round(tmp_path):
     from typer.testing import CliRunner
 
     from gradleak.cli import app
-    from gradleak.integrations.flower.store import FederationStore
+    from gradleak.reports.federation import read_federation
 
     setup = tmp_path / "setup.yaml"
     setup.write_text(
@@ -468,8 +468,13 @@ def test_gradleak_flower_runs_a_setup_file_and_prints_each_round(tmp_path):
     result = CliRunner().invoke(app, ["flower", str(setup), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "round 1" in result.output and "round 2" in result.output
-    rounds = FederationStore(out / "federation.sqlite").rounds()
+    rounds = read_federation(out).rounds
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(len(r["entries"]) == 2 for r in rounds[1:])
+    report = CliRunner().invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    page = (out / "report.html").read_text()
+    assert "Flower federation: tiny-bert on demo, 2 clients, 2 rounds" in page
+    assert PIN in page  # the canary's row
     bad = CliRunner().invoke(app, ["flower", str(tmp_path / "missing.yaml")])
     assert bad.exit_code == 2 and "cannot read the setup file" in bad.output

@@ -208,3 +208,108 @@ def test_report_renders_in_chromium_with_attacker_markup_inert(finished, chromiu
         capture_output=True, timeout=120, check=True,
     )  # fmt: skip
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def federation_folder(tmp_path):
+    """A federation's store as gradleak flower writes it, one round, one attacked client whose
+    reconstruction is attacker markup."""
+    from gradleak.reports.federation import FILE_NAME, SCHEMA
+
+    folder = tmp_path / "federation"
+    folder.mkdir()
+    pair = {
+        "reference_index": 0,
+        "prediction_index": 0,
+        "reference": "the spare key is here",
+        "prediction": ATTACK + " key is",
+        "rouge1": 40.0,
+        "rouge2": 20.0,
+        "rougeL": 40.0,
+        "token_accuracy": 25.0,
+        "exact_match": 0.0,
+    }
+    entry = {
+        "round": 1,
+        "node": 2**63 + 5,
+        "attack": "dager",
+        "n_samples": 1,
+        "texts": [ATTACK],
+        "token_ids": [[1]],
+        "refusal": None,
+        "seconds": 0.5,
+        "pairing": "best",
+        "scoring": "simulation+canaries",
+        "info": {},
+        "scores": {
+            "simulation": {"strict": {"pairs": [pair]}},
+            "canaries": [
+                {
+                    "canary": "pin 4921",
+                    "exact": False,
+                    "rouge1": 50.0,
+                    "rouge2": 0.0,
+                    "rougeL": 50.0,
+                    "secrets": ["4921"],
+                    "secrets_total": 1,
+                }
+            ],
+        },
+    }
+    connection = sqlite3.connect(folder / FILE_NAME)
+    connection.executescript(SCHEMA)
+    setup = {
+        "model": "minilm",
+        "rounds": 1,
+        "data": {"dataset": "demo"},
+        "partition": {"clients": 2},
+        "audit": {"attacks": [{"name": "dager"}]},
+    }
+    connection.executemany(
+        "INSERT INTO meta VALUES (?, ?)",
+        [("setup", json.dumps(setup)), ("machine", "{}"), ("versions", "{}")],
+    )
+    connection.execute("INSERT INTO rounds VALUES (0, '{\"accuracy\": 50.0}', 0, 0, 0)")
+    connection.execute("INSERT INTO rounds VALUES (1, '{\"accuracy\": 62.5}', 3.0, 0.5, 0)")
+    connection.execute(
+        "INSERT INTO entries VALUES (1, ?, 'dager', ?)", (str(entry["node"]), json.dumps(entry))
+    )
+    connection.commit()
+    connection.close()
+    return folder
+
+
+def test_a_federation_report_shows_rounds_leakage_and_canaries(tmp_path):
+    folder = federation_folder(tmp_path)
+    page = write_report(folder).read_text()
+    assert "Flower federation: minilm on demo, 2 clients, 1 rounds" in page
+    assert "accuracy 62.5" in page and "&lt;script&gt;" in page and "<script>" not in page
+    assert "1/1: 4921" in page  # the canary's secret, found
+    markdown = write_report(folder, fmt="md").read_text()
+    assert (
+        "| 1 | accuracy 62.5 | 3.0 | 0.5 | dager | 1 | 0.0 | 40.0 | 20.0 | 0/1 | 1/1 |" in markdown
+    )
+
+
+def test_a_federation_report_renders_in_chromium_with_attacker_markup_inert(chromium, tmp_path):
+    page = write_report(federation_folder(tmp_path))
+    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+    dom = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            *profile,
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert "<title>Flower federation: minilm on demo, 2 clients, 1 rounds: gradleak report" in (
+        dom.stdout
+    )
+    assert 'class="unigram"' in dom.stdout or 'class="bigram"' in dom.stdout

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from gradleak import __version__
 from gradleak.experiments.published import Figure, Published
 from gradleak.reports.data import CellReport, ReportData, read_report_data
+from gradleak.reports.federation import FederationReport, is_federation, read_federation
 from gradleak.reports.highlight import marked
 from gradleak.reports.plots import plots
 
@@ -93,6 +95,7 @@ def _environment() -> jinja2.Environment:
     )
     environment.globals.update(marked=marked, difference=difference, STRICT=STRICT, PAPER=PAPER)
     environment.filters["pct"] = lambda v: "–" if v is None else f"{v:.1f}"
+    environment.filters["num"] = environment.filters["pct"]
     return environment
 
 
@@ -116,13 +119,37 @@ def render_markdown(data: ReportData) -> str:
     )
 
 
+def render_federation(report: FederationReport, fmt: str = "html") -> str:
+    """A Flower federation's report (``gradleak flower --out``), HTML or Markdown."""
+    environment = _environment()
+    environment.autoescape = fmt == "html"
+    setup = report.setup
+    dataset = setup.get("data", {}).get("dataset", "?")
+    clients = setup.get("partition", {}).get("clients", "?")
+    title = (
+        f"Flower federation: {setup.get('model', '?')} on {dataset}, {clients} clients, "
+        f"{setup.get('rounds', '?')} rounds"
+    )
+    environment.globals["utility_text"] = lambda utility: (
+        ", ".join(f"{k} {v:.1f}" for k, v in utility.items()) or "not measured"
+    )
+    return environment.get_template(f"federation.{fmt}.j2").render(
+        report=report, title=title, version=__version__,
+        setup_text=yaml.safe_dump(setup, sort_keys=False),
+        generated=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )  # fmt: skip
+
+
 def write_report(folder: str | Path, out: str | Path | None = None, fmt: str = "html") -> Path:
     """Render the report of results ``folder`` to ``out`` (default: ``folder/report.html``
     or ``report.md``) and return its path."""
     if fmt not in ("html", "md"):
         raise ValueError(f"unknown report format {fmt!r}: use html or md")
-    data = read_report_data(folder)
-    text = render_html(data) if fmt == "html" else render_markdown(data)
+    if is_federation(folder) and not (Path(folder) / "results.sqlite").exists():
+        text = render_federation(read_federation(folder), fmt)
+    else:
+        data = read_report_data(folder)
+        text = render_html(data) if fmt == "html" else render_markdown(data)
     path = Path(out) if out is not None else Path(folder) / f"report.{fmt}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

@@ -52,7 +52,7 @@ from gradleak.integrations.flower.partition import client_partitions
 from gradleak.integrations.flower.scoring import CanaryScorer, SimulationScorer
 from gradleak.integrations.flower.setup import FederationSetup, setup_of
 from gradleak.integrations.flower.store import FederationStore
-from gradleak.integrations.flower.summary import round_summary
+from gradleak.reports.federation import round_summary
 from gradleak.utility import evaluate_model
 
 
@@ -69,7 +69,7 @@ class RoundResult:
     @property
     def leakage(self) -> dict[str, dict[str, Any]]:
         """Per attack: exact %, ROUGE-2 and canary recovery over the round's entries."""
-        return round_summary(self.entries)
+        return round_summary([entry.to_dict() for entry in self.entries])
 
 
 @dataclass

@@ -7,30 +7,12 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 from gradleak import __version__
 from gradleak.environment import machine, versions
 from gradleak.integrations.flower.audit import AuditEntry
 from gradleak.integrations.flower.setup import FederationSetup
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY,  -- 0: the initial model
-    utility TEXT NOT NULL,      -- dev metrics of the global model after the round, JSON
-    seconds REAL NOT NULL,      -- the round's wall time, audit included
-    audit_seconds REAL NOT NULL,
-    written REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS entries (
-    round INTEGER NOT NULL,
-    node TEXT NOT NULL,         -- Flower's node id (64-bit unsigned, as text)
-    attack TEXT NOT NULL,
-    entry TEXT NOT NULL,        -- the audit entry, JSON
-    PRIMARY KEY (round, node, attack)
-);
-"""
+from gradleak.reports.federation import SCHEMA
 
 
 class FederationStore:
@@ -86,22 +68,3 @@ class FederationStore:
         with self._connect() as connection:
             connection.execute("INSERT OR REPLACE INTO meta VALUES ('seconds', ?)", (str(seconds),))
         connection.close()
-
-    def rounds(self) -> list[dict[str, Any]]:
-        """The stored rounds with their entries, in order (for reports and tests)."""
-        with self._connect() as connection:
-            rows = connection.execute(
-                "SELECT round, utility, seconds, audit_seconds FROM rounds ORDER BY round"
-            ).fetchall()
-            entries = connection.execute("SELECT round, entry FROM entries").fetchall()
-        connection.close()
-        return [
-            {
-                "round": r,
-                "utility": json.loads(u),
-                "seconds": s,
-                "audit_seconds": a,
-                "entries": [json.loads(e) for er, e in entries if er == r],
-            }
-            for r, u, s, a in rows
-        ]
