@@ -26,6 +26,7 @@ else:
 from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import (  # noqa: E402
     DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
@@ -292,6 +293,22 @@ def test_central_dp_inside_the_audit_shows_clipped_unnoised_updates_outside_the_
     assert delta_norms(spy_in) == pytest.approx([clip, clip], rel=1e-4)
     _, spy_out, _ = audited(setup, outside)
     assert delta_norms(spy_out) == pytest.approx(raw, rel=1e-6)
+
+
+def test_adaptive_central_clipping_inside_the_audit_shows_updates_at_its_current_norm():
+    raw = raw_norms()
+    clip = min(raw) / 4
+    setup = tiny_setup(
+        privacy={"central": {"clipping": "adaptive", "clip": clip, "noise_multiplier": 0.0}}
+    )
+
+    def inside(audit):
+        return DifferentialPrivacyServerSideAdaptiveClipping(
+            audit, 0.0, 2, initial_clipping_norm=clip
+        )
+
+    _, spy, _ = audited(setup, inside)
+    assert delta_norms(spy) == pytest.approx([clip, clip], rel=1e-4)  # round 1: the initial norm
 
 
 def test_client_side_clipping_and_local_dp_show_what_the_clients_sent():

@@ -49,6 +49,8 @@ WHAT_THE_AUDIT_SEES = {
     "clipped by its client, before the server's noise",
     "DPServerSideFixedClipping(Audit(FedAvg))": "each update clipped, not yet noised: what a "
     "curious server sees behind its own central DP",
+    "DPServerSideAdaptiveClipping(Audit(FedAvg))": "each update clipped at the round's "
+    "adaptive norm, not yet noised",
     "Audit(DPServerSideFixedClipping(FedAvg))": "each update as sent, before the server clips "
     "it: central DP does not protect a client from the server that applies it",
 }
