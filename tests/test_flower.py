@@ -154,6 +154,12 @@ def audited(setup, strategy_of, ledger=None, spy=None):
     return audit, spy, result.arrays
 
 
+def standalone_fedsgd(model, tokenizer, batch):
+    """The eval-mode FedSGD update gradleak computes for ``batch`` outside any federation."""
+    texts, labels = [e.text for e in batch], [e.label for e in batch]
+    return gradleak.client_update(model, tokenizer, texts, labels, protocol="fedsgd", mode="eval")
+
+
 def delta_norms(spy) -> list[float]:
     return [
         float(torch.sqrt(sum((t.double() ** 2).sum() for t in seen.update.tensors.values())))
@@ -185,14 +191,7 @@ def test_a_fedavg_reply_becomes_its_weight_delta_and_a_fedsgd_reply_its_gradient
     partitions = client_partitions(setup)
     # the node of partition 0 is 1000 in the in-process grid: the audited updates come sorted
     first = round_batch(setup, partitions[0], 1, 0)
-    standalone = gradleak.client_update(
-        model,
-        tokenizer,
-        [e.text for e in first],
-        [e.label for e in first],
-        protocol="fedsgd",
-        mode="eval",
-    )
+    standalone = standalone_fedsgd(model, tokenizer, first)
     seen = spy.seen[0].update
     assert seen.kind == "gradient"
     assert set(seen.tensors) == set(standalone.tensors)
@@ -453,14 +452,7 @@ def test_dager_in_a_live_simulation_recovers_a_fedsgd_batch_as_the_standalone_at
     for entry in entries:
         batch = ledger.read(1, entry.node)
         assert entry.scores["simulation"]["exact"] == [True] * 4, entry.texts
-        update = gradleak.client_update(
-            model,
-            tokenizer,
-            [e.text for e in batch],
-            [e.label for e in batch],
-            protocol="fedsgd",
-            mode="eval",
-        )
+        update = standalone_fedsgd(model, tokenizer, batch)
         alone = gradleak.invert(
             update, model, tokenizer, "dager", known_labels=False, known_lengths=False
         )
