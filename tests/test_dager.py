@@ -19,7 +19,7 @@ from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.descent import Descent
-from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
 from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import SearchState
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
@@ -540,3 +540,30 @@ def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
         assert search._swap(descent, list(range(1, len(inner) + 1)), table)
         assert descent.ids == inner and search._sentence_passes(descent)
         assert not search._swap(descent, list(range(1, len(inner) + 1)), table)  # no better
+
+
+def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
+    """Under dropout nothing passes and the distances only rank: two short candidates that
+    outrank the long one would make a batch whose lengths cannot sum to layer 2's rank. With
+    the count the pick takes the long one; without, the two short ones."""
+    victim = tiny_victim("tiny-bert")
+    update, knowledge = client_round(victim, Protocol(mode="eval"))
+    attack_ = DagerAttack()
+    plan = attack_.check(update, knowledge)
+    hf = knowledge.global_model.copy_model().eval()
+    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
+    search.state.layer2_ranks_only = True  # as under dropout: no candidate passes
+
+    def candidate(first: int, length: int, distance: float) -> Candidate:
+        inner = list(range(first, first + length - 2))  # no token shared with another
+        return Candidate([101, *inner, 102], torch.full((length,), distance, dtype=torch.float64))
+
+    short_a, short_b, long_ = (
+        candidate(1000, 5, 0.1),
+        candidate(2000, 6, 0.2),
+        candidate(3000, 12, 0.3),
+    )
+    chosen = [ids for ids, _ in search.pick([short_a, short_b, long_], 2, tokens=17)]
+    assert chosen == [short_a.ids, long_.ids]  # 5 + 12 = 17
+    unbounded = [ids for ids, _ in search.pick([short_a, short_b, long_], 2)]
+    assert unbounded == [short_a.ids, short_b.ids]

@@ -90,7 +90,7 @@ class EncoderSearch(DescentSearch):
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (see ``sentences`` and ``pick``)."""
         found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens)
-        return self.pick(found, batch_size)
+        return self.pick(found, batch_size, tokens)
 
     def sentences(
         self,
@@ -254,12 +254,17 @@ class EncoderSearch(DescentSearch):
         order = torch.argsort(distances, stable=True)
         return [firsts[int(k)] for k in order]
 
-    def pick(self, found: list[Candidate], batch_size: int) -> list[tuple[list[int], float | None]]:
+    def pick(
+        self, found: list[Candidate], batch_size: int, tokens: int | None = None
+    ) -> list[tuple[list[int], float | None]]:
         """The batch: every sentence that passes layer 2 exactly, then the best approximate
-        ones that are not variants of a sentence already chosen.
+        ones that are not variants of a sentence already chosen and, where the batch's token
+        count is known (``tokens``), whose lengths leave room for a complete batch.
 
         Starts that miss end on near variants of a sentence (one token off); they score well
-        but only repeat what was chosen, while the batch has other sentences to cover.
+        but only repeat what was chosen, while the batch has other sentences to cover. Under
+        dropout nothing passes and the distances only rank: two short wrong sentences can
+        outrank the long right ones, and the token count rules such a choice out.
         """
         if not found:
             self.state.notes.append("no sentence was found")
@@ -275,9 +280,21 @@ class EncoderSearch(DescentSearch):
             if candidate.ids not in [c.ids for c in chosen]:
                 chosen.append(candidate)
         self.state.notes.append(f"{len(chosen)} sentences pass layer 2")
+        budget = (
+            None
+            if tokens is None
+            else LengthBudget.of([len(c.ids) for c in found], batch_size, tokens)
+        )
+
+        def fits(candidate: Candidate) -> bool:
+            lengths = [len(c.ids) for c in chosen]
+            return budget is None or budget.room_for(len(candidate.ids), lengths)
+
         for candidate in rest:
-            if len(chosen) < batch_size and not any(
-                _variant(candidate.ids[1:-1], c.ids[1:-1]) for c in chosen
+            if (
+                len(chosen) < batch_size
+                and fits(candidate)
+                and not any(_variant(candidate.ids[1:-1], c.ids[1:-1]) for c in chosen)
             ):
                 chosen.append(candidate)
         # Fewer distinct sentences than the batch holds: variants are still better than none.
