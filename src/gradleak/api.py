@@ -32,7 +32,7 @@ from gradleak.config import RunConfig
 from gradleak.data import Example
 from gradleak.defenses import build_defenses, clients_of, privacy_facts
 from gradleak.devices import resolve_device
-from gradleak.distributed import check_backend, ray_session
+from gradleak.distributed import backend_session
 from gradleak.errors import GradleakError, GradleakNotice, OptionError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import client_update as one_client_update
@@ -84,9 +84,11 @@ def run(
     """
     run_config = _merged_config(config, options)
     path = None if out is None else str(out)
-    check_backend(backend)
-    ray = ray_session(ray_address) if backend == "ray" else contextlib.nullcontext()
-    with kept_global_state(threads), ray, _reporter(progress, run_config) as report:
+    with (
+        kept_global_state(threads),
+        backend_session(backend, ray_address),
+        _reporter(progress, run_config) as report,
+    ):
         record = runner.run(
             run_config,
             out=path,

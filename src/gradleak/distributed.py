@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from gradleak.config import RunConfig
-from gradleak.errors import GradleakError, MissingDependencyError
+from gradleak.errors import GradleakError, MissingDependencyError, last_line
 from gradleak.recipe import Prepared, attack_inputs, prepare
 
 BACKENDS = ("processes", "ray")
@@ -49,6 +49,15 @@ def _ray() -> Any:
             "--backend ray needs the ray extra: pip install 'gradleak[ray]' (or make install-ray)"
         ) from None
     return ray
+
+
+def backend_session(
+    backend: str, address: str | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """What a run or a grid on ``backend`` holds for its duration: Ray (see
+    :func:`ray_session`), or nothing for local processes; an unknown backend is an error."""
+    check_backend(backend)
+    return ray_session(address) if backend == "ray" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -134,14 +143,8 @@ def attack_on_ray(
         for samples in pool.map_unordered(lambda actor, block: actor.attack.remote(block), blocks):
             yield from samples
     except ray.exceptions.RayError as exc:
-        raise GradleakError(f"a Ray worker failed: {_first_line(exc)}") from None
+        cause = getattr(exc, "cause", None) or exc
+        raise GradleakError(f"a Ray worker failed: {last_line(str(cause))}") from None
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The cause's last line (Ray wraps it in its own traceback)."""
-    cause = getattr(exc, "cause", None) or exc
-    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__

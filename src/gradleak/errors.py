@@ -37,3 +37,10 @@ class GradleakNotice(UserWarning):
 class PluginWarning(UserWarning):
     """An installed plugin (an entry point of ``gradleak.attacks`` or ``gradleak.defenses``)
     that could not be loaded: it is skipped, and asking for it by name says why."""
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of a message another layer wrapped in its own traceback (a
+    Flower client's error, a Ray task's): where the cause is said."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no reason given"

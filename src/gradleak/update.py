@@ -146,18 +146,9 @@ class Update:
         ``n_samples`` is the client's number of examples. ``mode`` and ``task`` as in
         :meth:`from_gradients`.
         """
-        trainable = _trainable_shapes(model)
-        known = {*trainable, *model.state_dict()}  # buffers and tied weights may come along
-        for which, weights in (("before", before), ("after", after)):
-            own = {k: v for k, v in weights.items() if k in trainable}
-            _check_names(own, trainable, f"the weights {which}")
-            extra = next((name for name in weights if name not in known), None)
-            if extra is not None:
-                raise UpdateMismatchError(
-                    f"'{extra}' in the weights {which} is no tensor of the model: pass the "
-                    "state dicts of this model"
-                )
-        tensors = {name: (after[name] - before[name]).detach().clone() for name in trainable}
+        old = trainable_part(model, before, "the weights before")
+        new = trainable_part(model, after, "the weights after")
+        tensors = {name: (new[name] - old[name]).detach().clone() for name in old}
         round_facts = {"epochs": epochs, "local_batch_size": local_batch_size, "lr": lr,
                        "optimizer": optimizer, "shuffle": shuffle}  # fmt: skip
         mode = mode or ("train" if model.training else "eval")
@@ -240,6 +231,25 @@ def protocol_of(options: Mapping[str, Any]) -> Protocol:
 def scenario_of(options: Mapping[str, Any]) -> Scenario:
     """The scenario that flat scenario ``options`` describe (one-line errors naming them)."""
     return config_from_options(options).scenario
+
+
+def trainable_part(
+    model: nn.Module, weights: Mapping[str, torch.Tensor], what: str
+) -> dict[str, torch.Tensor]:
+    """The entries of ``weights`` (a state dict, or any named tensors) for ``model``'s trainable
+    parameters, each checked present with its shape; other tensors of the model (buffers,
+    frozen or tied weights) may come along and are left out, a name the model does not have
+    is an error naming it."""
+    trainable = _trainable_shapes(model)
+    own = {k: v for k, v in weights.items() if k in trainable}
+    _check_names(own, trainable, what)
+    known = {*trainable, *model.state_dict()}
+    extra = next((name for name in weights if name not in known), None)
+    if extra is not None:
+        raise UpdateMismatchError(
+            f"'{extra}' in {what} is no tensor of the model: pass the state dicts of this model"
+        )
+    return own
 
 
 def _trainable_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -4,7 +4,6 @@ same experiment (or of another file declaring the same cells) finished."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ import torch
 from gradleak import runner
 from gradleak.data.sources import dataset_status
 from gradleak.devices import resolve_device
-from gradleak.distributed import check_backend, ray_session
+from gradleak.distributed import backend_session
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import CellStatus, ExperimentDatabase, cell_key
 from gradleak.experiments.estimate import CellEstimate, estimate
@@ -175,9 +174,7 @@ def run_experiment(
     folder = Path(out) if out is not None else experiment.default_out()
     device = str(resolve_device(device))
     result = ExperimentRun(folder)
-    check_backend(backend)
-    ray = ray_session(ray_address) if backend == "ray" else contextlib.nullcontext()
-    with ray, ExperimentDatabase(folder) as database:
+    with backend_session(backend, ray_address), ExperimentDatabase(folder) as database:
         database.set_meta("name", experiment.name)
         database.set_meta("experiment", experiment.file.path.read_text(encoding="utf-8"))
         database.set_meta("description", experiment.file.spec.description)

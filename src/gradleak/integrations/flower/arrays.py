@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 from flwr.app import ArrayRecord
 
-from gradleak.errors import GradleakError, UpdateMismatchError
+from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
+from gradleak.update import trainable_part
 
 
 def trainable(global_model: GlobalModel) -> dict[str, torch.nn.Parameter]:
@@ -38,41 +39,20 @@ def model_arrays(global_model: GlobalModel) -> ArrayRecord:
 def trainable_tensors(
     global_model: GlobalModel, record: ArrayRecord, what: str = "the round's arrays"
 ) -> dict[str, torch.Tensor]:
-    """``record``'s tensors of the model's trainable parameters, checked against them: each
-    present with its shape. Other entries of the model's ``state_dict`` (frozen weights,
-    buffers: what an app sending ``model.state_dict()`` sends) are left out; a name the model
-    does not have is an error."""
-    params = trainable(global_model)
-    given = tensors_of(record)
-    known = set(global_model.model.state_dict())
-    for name, param in params.items():
-        if name not in given:
-            raise UpdateMismatchError(
-                f"{what} hold no array for the trainable parameter '{name}': server and "
-                "clients must build the same model with the same protocol (LoRA, frozen "
-                "embeddings), and send every trainable parameter under its named_parameters() "
-                "name"
-            )
-        if tuple(given[name].shape) != tuple(param.shape):
-            raise UpdateMismatchError(
-                f"{what}: '{name}' has shape {list(given[name].shape)}, the model's is "
-                f"{list(param.shape)}: is it another model's?"
-            )
-    extra = next((name for name in given if name not in params and name not in known), None)
-    if extra is not None:
-        raise UpdateMismatchError(
-            f"{what}: '{extra}' is no tensor of the model: name arrays as the model's "
-            "named_parameters() / state_dict() name them"
-        )
-    return {name: given[name] for name in params}
+    """``record``'s tensors of the model's trainable parameters, checked as
+    :func:`~gradleak.update.trainable_part` checks a state dict (an app sending
+    ``model.state_dict()`` sends frozen weights and buffers too: they are left out)."""
+    return trainable_part(global_model.model, tensors_of(record), what)
 
 
-def load_arrays(global_model: GlobalModel, record: ArrayRecord) -> None:
-    """Set the global model's trainable weights to ``record``'s (the arrays of one round)."""
+def load_arrays(global_model: GlobalModel, record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """Set the global model's trainable weights to ``record``'s (the arrays of one round);
+    returns them as tensors, by name."""
     tensors = trainable_tensors(global_model, record)
     with torch.no_grad():
         for name, param in trainable(global_model).items():
             param.copy_(tensors[name].to(param.device, param.dtype))
+    return tensors
 
 
 def require_whole_model(share: str) -> None:

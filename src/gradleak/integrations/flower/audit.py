@@ -121,12 +121,16 @@ class AuditEntry:
     seconds: float
     # how the attack's paper pairs predictions with references (its paper-compatible scores)
     pairing: str = "matched"
-    scoring: str = "none"
     scores: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def scoring(self) -> str:
+        scored = [name for name, value in self.scores.items() if value is not None]
+        return "+".join(scored) or "none"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "scoring": self.scoring}
 
 
 # A scorer adds scores to an entry once the attack has returned: (entry) -> None.
@@ -139,7 +143,7 @@ class LeakageAudit(Strategy):
     ``attacks``: attack names or settings (``"dager"``, ``ATTACKS.settings("tag", steps=500)``);
     ``knowledge``: the server's model and facts; ``sample``: which replies to attack;
     ``scorers``: called on each entry after its attack (the simulation's ledger, the
-    canaries); ``on_entry``: called with each finished entry (to store it). ``protocol`` is
+    canaries); ``entries`` holds every finished entry. ``protocol`` is
     read from the knowledge's global model: FedSGD replies are gradients, FedAvg replies are
     weights. The aggregate is the wrapped strategy's, bit for bit.
     """
@@ -151,7 +155,6 @@ class LeakageAudit(Strategy):
         knowledge: ServerModel,
         sample: AuditSample | None = None,
         scorers: Sequence[Scorer] = (),
-        on_entry: Callable[[AuditEntry], None] | None = None,
         arrayrecord_key: str = "arrays",
         seed: int = 0,
     ) -> None:
@@ -163,7 +166,6 @@ class LeakageAudit(Strategy):
         self.knowledge = knowledge
         self.sample = sample or AuditSample(seed=seed)
         self.scorers = list(scorers)
-        self.on_entry = on_entry
         self.arrayrecord_key = arrayrecord_key
         self.seed = seed
         self.entries: list[AuditEntry] = []
@@ -217,19 +219,13 @@ class LeakageAudit(Strategy):
         chosen = self.sample.pick(server_round, replies)
         if not chosen or not self.settings:
             return
-        global_model = self.knowledge.global_model
-        load_arrays(global_model, sent)
-        before = trainable_tensors(global_model, sent, "the sent arrays")
+        before = load_arrays(self.knowledge.global_model, sent)
         for reply in chosen:
             for attacker in self._prepared():
                 entry = self._attack_reply(server_round, reply, before, attacker)
                 for scorer in self.scorers:
                     scorer(entry)
-                scored = [name for name, value in entry.scores.items() if value is not None]
-                entry.scoring = "+".join(scored) or "none"
                 self.entries.append(entry)
-                if self.on_entry is not None:
-                    self.on_entry(entry)
 
     def _prepared(self) -> list[Attack]:
         """The attacks, built and prepared once (LAMP's prior is loaded once per audit)."""

@@ -21,7 +21,6 @@ from flwr.clientapp import ClientApp
 from gradleak.data import Example
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.round import client_update
-from gradleak.federated.server import server_knowledge
 from gradleak.global_state import kept_global_state
 from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable
 from gradleak.integrations.flower.audit import FACTS_KEY
@@ -29,6 +28,7 @@ from gradleak.integrations.flower.canaries import planted
 from gradleak.integrations.flower.ledger import Ledger
 from gradleak.integrations.flower.setup import FederationSetup
 from gradleak.models.registry import load_victim
+from gradleak.models.tasks import EncodedBatch
 from gradleak.recipe import CLIENT_STREAM, DEFENSE_STREAM, derived_seed
 
 
@@ -101,19 +101,18 @@ class FederatedClient:
             self.ledger.write(server_round, context.node_id, partition, batch_examples)
         metrics = MetricRecord({"num-examples": len(batch_examples)})
         content = RecordDict({"arrays": record_of(sent), "metrics": metrics})
-        facts = self._declared_facts(global_model, batch)
+        facts = self._declared_facts(batch)
         if facts:
             content[FACTS_KEY] = ConfigRecord(facts)
         return Message(content, reply_to=message)
 
-    def _declared_facts(self, global_model: GlobalModel, batch: Any) -> dict[str, list[int]]:
+    def _declared_facts(self, batch: EncodedBatch) -> dict[str, list[int]]:
         """The batch facts this client declares to the server (as the setup grants)."""
         audit, facts = self.setup.audit, {}
-        known = server_knowledge(global_model, batch)
         if audit.known_lengths:
-            facts["lengths"] = list(known.lengths or ())
-        if audit.known_labels and known.labels is not None and "label" in known.labels:
-            facts["labels"] = [int(v) for v in known.labels["label"].tolist()]
+            facts["lengths"] = list(batch.lengths)
+        if audit.known_labels and "label" in (batch.labels or {}):
+            facts["labels"] = [int(v) for v in batch.labels["label"].tolist()]
         return facts
 
 

@@ -34,7 +34,7 @@ from flwr.simulation import run_simulation
 
 from gradleak.data.sources import load_examples
 from gradleak.distributed import connect
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, last_line
 from gradleak.federated.client import GlobalModel
 from gradleak.global_state import kept_global_state
 from gradleak.integrations.flower.arrays import load_arrays, model_arrays
@@ -64,7 +64,11 @@ class RoundResult:
     utility: dict[str, float]
     entries: list[AuditEntry]
     seconds: float  # the round's wall time, audit included
-    audit_seconds: float  # of which the attacks
+
+    @property
+    def audit_seconds(self) -> float:
+        """Of the round's seconds, the attacks'."""
+        return sum(entry.seconds for entry in self.entries)
 
     @property
     def leakage(self) -> dict[str, dict[str, Any]]:
@@ -190,15 +194,13 @@ class _Server:
     ) -> None:
         if audit.failures:  # a client's error is the run's: Flower would go on without it
             failed_round, node, reason = audit.failures[0]
-            lines = [line for line in reason.strip().splitlines() if line.strip()]
             raise GradleakError(
-                f"the client on node {node} failed in round {failed_round}: "
-                f"{lines[-1] if lines else 'no reason given'}"
+                f"the client on node {node} failed in round {failed_round}: {last_line(reason)}"
             )
         if server_round == 0:
             self.result.initial_utility = utility
             if self.store is not None:
-                self.store.add_round(0, utility, [], 0.0, 0.0)
+                self.store.add_round(0, utility, [], 0.0)
             self._round_start = time.perf_counter()
             return
         entries = [e for e in audit.entries if e.round == server_round]
@@ -208,14 +210,11 @@ class _Server:
             utility=utility,
             entries=entries,
             seconds=now - self._round_start,
-            audit_seconds=sum(e.seconds for e in entries),
         )
         self._round_start = now
         self.result.rounds.append(result)
         if self.store is not None:
-            self.store.add_round(
-                server_round, utility, entries, result.seconds, result.audit_seconds
-            )
+            self.store.add_round(server_round, utility, entries, result.seconds)
         if self.on_round is not None:
             self.on_round(result)
 

@@ -51,8 +51,8 @@ class FederationStore:
         utility: dict[str, float],
         entries: list[AuditEntry],
         seconds: float,
-        audit_seconds: float,
     ) -> None:
+        audit_seconds = sum(entry.seconds for entry in entries)
         with self._connect() as connection:
             connection.execute(
                 "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
