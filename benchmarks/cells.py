@@ -7,6 +7,11 @@ a cell another suite has already run (LAMP_cos on CoLA B=1 is in several tables)
 not run again. Records that earlier versions of these benchmarks kept as files
 (``<suite>/<cell>.json``, ``<cell>.json.partial.jsonl``) are taken into the database the
 first time a suite meets them; the files stay as they were.
+
+Long tables outlive one machine through ``benchmarks/kept/<suite>/``: ``run.py --keep`` writes
+each cell's finished inputs there as text (``<cell>.json.partial.jsonl``, the format of an
+interrupted ``gradleak attack --out`` run), and a suite run on a fresh checkout takes them in
+before it attacks anything, so it resumes where the kept run stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from gradleak.experiments.grid import Cell, named_cells
 from gradleak.store import ResultStore
 
 DATASETS = ("cola", "sst2", "rotten_tomatoes")
+KEPT = Path(__file__).resolve().parent / "kept"  # finished inputs kept in the repository
 
 NamedOptions = tuple[str, dict[str, Any]]  # (name, options of `gradleak attack`)
 
@@ -62,6 +68,7 @@ def run_suite(
     device: str = "cpu",
     description: str = "",
     stack: int | str = 1,
+    keep: bool = False,
 ) -> None:
     """Run a suite's cells (those whose name contains ``only``, if given); write its table.
 
@@ -70,7 +77,8 @@ def run_suite(
     a time loses no rows. ``limit`` runs each cell's first ``limit`` inputs only; the cells
     stay part-way and resume later. ``workers`` attack that many inputs of a cell at once
     (see ``runner.run``); ``device`` is where they compute (each record names it); ``stack``
-    inputs go to the attack at a time (``runner.run``'s, "auto" or a number)."""
+    inputs go to the attack at a time (``runner.run``'s, "auto" or a number). ``keep``
+    writes every cell's finished inputs to ``KEPT`` afterwards (see the module's docstring)."""
     cells = named_cells(named)
     chosen = [c for c in cells if only is None or only in c.name]
     started = time.perf_counter()
@@ -85,6 +93,9 @@ def run_suite(
             else [run_cell(database, one, limit, workers, device, stack) for one in chosen]
         )
         rows = [row for one in cells if (row := cell_row(database, one)) is not None]
+        if keep:
+            for path in keep_inputs(database, cells, KEPT / suite):
+                print(f"kept {path}")
     wanted = {one.name: one.config.scenario.data.n_inputs for one in cells}
     part_way = sum(row["inputs"] < wanted[row["cell"]] for row in rows)
     notes = (
@@ -154,10 +165,32 @@ def adopt_earlier_results(database: ExperimentDatabase, out_dir: Path, one: Cell
     status = database.status(one)
     if status is not None and status.done > 0:
         return
-    found = _own_files(database.folder, one) or _twin(database, out_dir, one)
+    found = (
+        _own_files(database.folder, one)
+        or _own_files(KEPT / database.folder.name, one)
+        or _twin(database, out_dir, one)
+    )
     if found is not None:
         samples, record, device = found
         database.cell_results(one, device).adopt(samples, record)
+
+
+def keep_inputs(database: ExperimentDatabase, cells: list[Cell], folder: Path) -> list[Path]:
+    """Write each cell's finished inputs to ``folder`` as an interrupted run's file (one
+    JSON line per input, in index order), replacing what was kept of it before."""
+    written = []
+    for one in cells:
+        status = database.status(one)
+        if status is None or status.done == 0:
+            continue
+        store = ResultStore(folder / f"{one.name}.json", one.config.identity(), status.device)
+        assert store.partial is not None
+        store.partial.unlink(missing_ok=True)
+        store.start()
+        for sample in database.samples(status.key).values():
+            store.append(sample)
+        written.append(store.partial)
+    return written
 
 
 def _own_files(folder: Path, one: Cell) -> Found | None:

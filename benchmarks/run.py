@@ -61,7 +61,9 @@ them, and the next call resumes each cell where it stopped.
 Tables go to ``benchmarks/results/<suite>.json`` and ``.md`` (ignored by git). The cell suites
 keep their runs in ``benchmarks/results/<suite>/results.sqlite``, an experiment's results
 database: ``gradleak report benchmarks/results/<suite>`` renders a suite as it renders a
-declared experiment, and ``gradleak export`` writes any cell's record.
+declared experiment, and ``gradleak export`` writes any cell's record. ``--keep`` also writes
+each cell's finished inputs to ``benchmarks/kept/<suite>/`` (text, kept in the repository): a
+table too long for one machine's session resumes from them on a fresh checkout.
 """
 
 from __future__ import annotations
@@ -154,6 +156,12 @@ def main() -> None:
         "--report", action="store_true", help="run nothing: rebuild the tables from stored results"
     )
     parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="cell suites: write each cell's finished inputs to benchmarks/kept/<suite>/ "
+        "(text, for the repository); a fresh checkout's run resumes from them",
+    )
+    parser.add_argument(
         "--utility-only",
         action="store_true",
         help="defense suites: run only their utility fine-tunings (the attack cells' table is "
@@ -180,7 +188,7 @@ def main() -> None:
             report = args.report or args.utility_only
             about = " ".join((CELL_SUITES[suite].__doc__ or "").split())
             run_suite(out, suite, cells, args.only, report, args.limit, args.workers, args.device,
-                      description=about, stack=args.stack)  # fmt: skip
+                      description=about, stack=args.stack, keep=args.keep)  # fmt: skip
             fine_tune = args.only is None and args.limit is None and not args.skip_utility
             if suite in suites_defenses.UTILITY and fine_tune:
                 run_utility(out, suite, suites_defenses.UTILITY[suite](args.data_dir), args.report)
