@@ -487,6 +487,13 @@ def test_length_budget_leaves_room_only_where_the_token_count_can_be_completed()
     assert LengthBudget.of([6, 7], sentences=2, tokens=24) is None  # the rank counts no batch
 
 
+def test_length_budget_lists_the_layouts_that_make_up_the_token_count():
+    budget = LengthBudget.of([6, 7, 9, 12, 13], sentences=3, tokens=28)
+    assert budget is not None
+    assert budget.layouts(10) == [(13, 9, 6), (12, 9, 7)]
+    assert budget.layouts(1) == [(13, 9, 6)]
+
+
 def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_length(
     tiny_victim, monkeypatch
 ):

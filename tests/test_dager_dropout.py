@@ -6,6 +6,7 @@ import pytest
 import torch
 from test_dager import attack
 
+import gradleak
 from gradleak.attacks.dager import DagerSettings, span_basis
 from gradleak.attacks.dager.check import LayerCheck, SpanCheck
 from gradleak.attacks.dager.tokens import _passing
@@ -66,11 +67,32 @@ def test_robust_check_refits_the_tokenizer_markers_however_far_their_plain_dista
     assert _passing(vocabulary, check, settings, dropout=0.1, markers=[0]) == [0]
 
 
-def test_train_mode_batch_of_two_keeps_one_sentence_through_dropout(tiny_victim):
-    """Dropout leaves layer 2 a ranking, not a test. The descent still reads the short
-    sentence exactly (the beam that came before read neither); the long one takes two of the
-    other's tokens at its positions 2 and 3, which its dropout-noised distances rank first."""
+def test_train_mode_batch_of_two_is_recovered_through_dropout(tiny_victim):
+    """Dropout leaves layer 2 a ranking, not a test. Searched one length at a time, the long
+    sentence took two of the short one's tokens at its positions 2 and 3, which its
+    dropout-noised distances ranked first; filled jointly, each position's tokens go to one
+    sentence each, and both come back word for word."""
     examples = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
     decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="train"), examples)
-    assert "a dog ran home" in decoded
+    assert sorted(decoded) == ["a dog ran home", "the cat sat on the mat"]
     assert any("robust" in note for note in result.info["notes"])
+    assert any(note.startswith("joint fill of lengths [6, 8]") for note in result.info["notes"])
+
+
+@pytest.mark.slow
+def test_minilm_batch_of_four_under_dropout_is_recovered_exactly():
+    """CoLA's third batch of four (LAMP's order) from MiniLM's real train mode (dropout 0.1),
+    lengths unknown: two 9-token sentences end at one position, and a 14-token one shares
+    their first word. Searched one length at a time the batch came back 1 of 4; filled
+    jointly, 4 of 4."""
+    texts = [
+        "john tries to meet not mary.",
+        "the unidentified victim was apparently struck during the early morning hours.",
+        "the logs piled the barge high.",
+        "during the early evening, saturn can be found in the north, while jupiter rises in "
+        "the east.",
+    ]
+    model, tokenizer = gradleak.load_model("minilm")
+    update = gradleak.client_update(model, tokenizer, texts, [1, 1, 1, 1], mode="train")
+    result = gradleak.invert(update, model, tokenizer, "dager", known_lengths=False)
+    assert sorted(result.texts) == sorted(texts)

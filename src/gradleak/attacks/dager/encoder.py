@@ -21,12 +21,14 @@ starts are tried at which lengths, and which sentences make the batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from gradleak.attacks.dager.descent import DescentSearch, log_mean
+from gradleak.attacks.dager.descent import DescentSearch, log_mean, log_sum
+from gradleak.attacks.dager.joint import MAX_LAYOUTS, JointSearch
 from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import pick_batch, threshold
 
@@ -89,6 +91,10 @@ class EncoderSearch(DescentSearch):
         tokens: int | None = None,
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (see ``sentences`` and ``pick``)."""
+        if self.state.layer2_ranks_only and lengths is None and tokens is not None:
+            batch = self.joint(candidates, tokenizer, batch_size, tokens)
+            if batch:
+                return [(c.ids, c.worst) for c in batch]
         found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens)
         return self.pick(found, batch_size, tokens)
 
@@ -115,16 +121,8 @@ class EncoderSearch(DescentSearch):
         a length stops at its first sentence when the separator's positions are at least as
         many as the batch's sentences (then each length holds one)."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
-        specials = set(tokenizer.all_special_ids)
-        inner = [[t for t in options if t not in specials] for options in candidates]
-        table = self.table
-        fillers = [table[options].mean(dim=0) if options else table[sep] for options in inner]
-        # A sentence needs one token between [CLS] and [SEP], each position a candidate.
-        ends = [
-            end
-            for end, tokens_there in enumerate(candidates)
-            if end >= 2 and sep in tokens_there and all(inner[1:end])
-        ]
+        inner, contexts = self._frame(candidates, tokenizer)
+        ends = [length - 1 for length in contexts]
         if lengths is not None:
             ends = [end for end in ends if end + 1 in lengths]
         budget = None
@@ -136,10 +134,7 @@ class EncoderSearch(DescentSearch):
                 + f" layer 2's rank {tokens}"
             )
         one_each = len(ends) >= batch_size
-        searches = [
-            self._open(inner[1:end], torch.stack([table[cls], *fillers[1:end], table[sep]]))
-            for end in ends
-        ]
+        searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
         found: list[Candidate] = []
         elsewhere: list[list[int]] = []  # the sentences that passed so far (inner tokens)
         limit = ROUND_STARTS
@@ -172,6 +167,56 @@ class EncoderSearch(DescentSearch):
                     f"sentences, {search.tried} of {search.tried + len(search.queue)} starts tried"
                 )
         return found
+
+    def _frame(
+        self, candidates: list[list[int]], tokenizer
+    ) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+        """Per position the inner candidates (the tokenizer's markers left out), and for each
+        sentence length the layer-1 candidates allow, the starting embeddings of a sentence of
+        that length: [CLS], each position's candidates' mean embedding, [SEP].
+
+        A sentence needs one token between [CLS] and [SEP], each position a candidate, and a
+        [SEP] candidate where it ends."""
+        sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
+        specials = set(tokenizer.all_special_ids)
+        inner = [[t for t in options if t not in specials] for options in candidates]
+        table = self.table
+        fillers = [table[options].mean(dim=0) if options else table[sep] for options in inner]
+        contexts = {
+            end + 1: torch.stack([table[cls], *fillers[1:end], table[sep]])
+            for end, there in enumerate(candidates)
+            if end >= 2 and sep in there and all(inner[1:end])
+        }
+        return inner, contexts
+
+    def joint(
+        self, candidates: list[list[int]], tokenizer, batch_size: int, tokens: int
+    ) -> list[Candidate]:
+        """The batch filled jointly (``joint.py``) for each way the candidate lengths can
+        make up the batch's token count (at most ``MAX_LAYOUTS``), the best scored one (the
+        least summed log layer-2 distance); empty when no lengths make it up."""
+        inner, contexts = self._frame(candidates, tokenizer)
+        budget = LengthBudget.of(list(contexts), batch_size, tokens)
+        if budget is None:
+            return []
+        layouts = budget.layouts(MAX_LAYOUTS + 1)
+        if len(layouts) > MAX_LAYOUTS:
+            self.state.notes.append(f"joint fill: the first {MAX_LAYOUTS} length layouts")
+        search = JointSearch(self.hf, self.adapter, self.layer2, self.settings, self.state)
+        best: list[Candidate] = []
+        best_score = math.inf
+        for layout in layouts[:MAX_LAYOUTS]:
+            slots = search.fill(inner, layout, contexts)
+            score = sum(float(log_sum(slot.distances[1:])) for slot in slots)
+            if score < best_score:
+                best_score = score
+                best = [
+                    Candidate([tokenizer.cls_token_id, *slot.ids, tokenizer.sep_token_id],
+                              slot.distances)
+                    for slot in slots
+                ]  # fmt: skip
+        self.state.notes.append(f"joint fill of lengths {sorted(len(c.ids) for c in best)}")
+        return best
 
     def _open(self, options: list[list[int]], context: torch.Tensor) -> _LengthSearch:
         """One length's search, not begun: its starts are the first inner token's candidates,

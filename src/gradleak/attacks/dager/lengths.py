@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations_with_replacement
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,15 @@ class LengthBudget:
         left = self.sentences - len(found) - 1
         rest = self.tokens - sum(found) - length
         return left >= 0 and rest >= 0 and rest in self.reachable[left]
+
+    def layouts(self, limit: int) -> list[tuple[int, ...]]:
+        """Up to ``limit`` multisets of ``sentences`` candidate lengths summing to ``tokens``
+        (longest lengths first)."""
+        found = []
+        for lengths in combinations_with_replacement(sorted(self.lengths, reverse=True),
+                                                     self.sentences):  # fmt: skip
+            if sum(lengths) == self.tokens:
+                found.append(lengths)
+                if len(found) >= limit:
+                    break
+        return found

@@ -44,9 +44,9 @@ class DagerSettings(AttackSettings):
     dropout_check: str = Field(
         "auto",
         pattern="^(auto|robust|plain)$",
-        description="auto | robust (L1 fit, survives dropout) | plain span check "
+        description="auto | robust (sparse fit, survives dropout) | plain span check "
         "(auto: robust when the client trains with dropout)",
     )
     shortlist: int = Field(
-        64, ge=1, description="robust check: nearest tokens per position refitted with L1"
+        64, ge=1, description="robust check: nearest tokens per position refitted (sparse fit)"
     )

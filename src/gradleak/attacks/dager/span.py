@@ -70,11 +70,11 @@ class SpanBasis:
 
         Under train-mode dropout the layer reads ``m * x / (1 - p)``, not ``x``: about ``p`` of
         each input's coordinates are zeroed by an unknown mask, so a true token is no longer in
-        the span, but a span vector still equals it (up to scale) on the kept coordinates. A
-        least-absolute-deviations fit ``min_c ||x - B c||_1`` finds that vector (L1 ignores a
-        minority of gross outliers), computed by iteratively reweighted least squares. A true
-        input then matches on about ``1 - p`` of its coordinates; any other vector only on
-        about ``rank / d`` (the fit can zero that many residuals at most).
+        the span, but a span vector still equals it (up to scale) on the kept coordinates. The
+        fit looks for the span vector that reproduces the most coordinates exactly: it
+        minimizes ``sum_i |x_i - (B c)_i|^q`` with ``q = 1/2`` (``_sparse_fit``). A true input
+        then matches on about ``1 - p`` of its coordinates; any other vector only on about
+        ``rank / d`` (the fit can zero that many residuals at most).
 
         ``extra`` (``[k, d]``) adds directions to the fit: when a LayerNorm follows the dropout
         (GPT-2's ``ln_1``), the kept coordinates equal the candidate's only up to a scale plus
@@ -86,22 +86,37 @@ class SpanBasis:
             basis = torch.linalg.qr(stacked).Q
         shape = vectors.shape[:-1]
         flat = vectors.reshape(-1, vectors.shape[-1]).to(torch.float64)
-        out = [_lad_inliers(part, basis, iterations, tol) for part in flat.split(chunk)]
+        out = [_sparse_fit(part, basis, iterations, tol) for part in flat.split(chunk)]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
 
 
-def _lad_inliers(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: float):
-    """Fraction of coordinates of each row of ``x`` that the L1 fit reproduces within
-    ``tol`` times the row's norm (IRLS from the least-squares fit)."""
+# The fit's smoothing: |r| + eps in the weights, eps shrinking by DECAY per iteration from
+# EPS_START (large first, so the first fits are near least squares and the later ones free
+# the outliers).
+EPS_START, EPS_DECAY, EPS_FLOOR = 1e-2, 0.5, 1e-9
+
+
+def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: float):
+    """Fraction of coordinates of each row of ``x`` that the fit reproduces within ``tol``
+    times the row's norm.
+
+    Iteratively reweighted least squares for ``min_c sum_i |x_i - (B c)_i|^(1/2)``, with a
+    smoothing that shrinks. The least-absolute-deviations fit (q = 1) it replaces lets a
+    mixture of span vectors win when an input has a near twin in the batch: MiniLM, CoLA
+    B=4 under dropout 0.1, two 9-token sentences put two masked copies of [SEP] at position
+    8; the exact L1 optimum (a linear program) reproduced 16% of [SEP]'s coordinates, this
+    fit 77% (each copy keeps 88-92% of them), every token that was not there 14-16%."""
     scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
     x = x / scale
     coeffs = x @ basis
+    eps = EPS_START
     for _ in range(iterations):
         residual = x - coeffs @ basis.T
-        weights = 1.0 / residual.abs().clamp_min(1e-10)
+        weights = (residual.abs() + eps) ** -1.5  # |r|^(q-2), q = 1/2
         gram = torch.einsum("dr,nd,ds->nrs", basis, weights, basis)
         rhs = torch.einsum("dr,nd->nr", basis, weights * x)
         coeffs = torch.linalg.solve(gram, rhs)
+        eps = max(eps * EPS_DECAY, EPS_FLOOR)
     residual = (x - coeffs @ basis.T).abs()
     return (residual < tol).to(torch.float64).mean(dim=-1)
 

@@ -2,7 +2,8 @@
 
 The first-layer input of a token is its embedding (plus its position's for absolute-position
 models) through the first norm. The plain check cuts the span distance; against a client that
-trains with input dropout the robust check refits the nearest tokens with L1 instead.
+trains with input dropout the robust check refits the nearest tokens with a sparse fit instead
+(``SpanBasis.inlier_fraction``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def _passing(
     """Rows of ``inputs`` (one per vocabulary token) that pass layer 1's check.
 
     Plain: the span distance under an adaptive (or fixed) cut. Robust (``dropout`` > 0):
-    the ``shortlist`` nearest tokens and the ``markers`` are refitted with L1; a true token is
+    the ``shortlist`` nearest tokens and the ``markers`` are refitted sparsely; a true token is
     reproduced on about ``1 - dropout`` of its coordinates, any other on about ``rank / d``,
     and the cut sits halfway between."""
     distances = layer1.distance(inputs, screened=True)

@@ -1,0 +1,151 @@
+"""The whole batch at once: every sentence's token at a position chosen in one matching.
+
+Searched one length at a time, a descent under dropout ends on hybrids: from the right first
+word it fills positions with other sentences' words, whose layer-2 distances rank as well as
+the right ones once the context is wrong (MiniLM, CoLA B=4, dropout 0.1: "the boy ran. songs
+and question seamus first?"). Yet each (position, token) pair that layer 1 passes belongs to
+one of the batch's sentences, and with the rest of its sentence right the true token is the
+nearest of its position's candidates (at every position of the first three batches checked).
+So the batch is filled jointly: one slot per sentence, its length from the batch's token count
+(``lengths.py``), and at each position the slots still running share that position's
+candidates by a minimum-cost matching (a token goes to one slot unless the position has fewer
+candidates than slots), the cost being each slot's summed log layer-2 distance around the
+position. A left-to-right fill against filler context, then sweeps until no slot changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from gradleak.attacks.dager.descent import WINDOW, Descent, DescentSearch, log_sum
+
+# Length assignments tried at most (each multiset of candidate lengths that sums to the
+# batch's token count is one joint fill; the best scored wins).
+MAX_LAYOUTS = 6
+
+
+@dataclass
+class JointSearch(DescentSearch):
+    """A joint fill of the batch's sentences over layer 1's per-position candidates."""
+
+    def fill(
+        self,
+        options: Sequence[Sequence[int]],
+        lengths: Sequence[int],
+        context: Sequence[torch.Tensor],
+    ) -> list[Descent]:
+        """One sentence per entry of ``lengths`` (special tokens included), filled from
+        ``options`` (per position, the inner candidate tokens; position 0 unused).
+        ``context[L]`` is a length-L sentence's starting embeddings ([CLS], fillers, [SEP])."""
+        slots = [Descent([-1] * (length - 2), context[length].clone()) for length in lengths]
+        longest = max(lengths)
+        for position in range(1, longest - 1):
+            self._match(slots, position, options[position], (1, 0))
+        self._sweeps(slots, options)
+        for _ in range(len(slots)):
+            if not self._cross(slots):
+                break
+            self._sweeps(slots, options)
+        for slot in slots:
+            if slot.distances is None:
+                self._score(slot)
+        return slots
+
+    def _sweeps(self, slots: list[Descent], options: Sequence[Sequence[int]]) -> None:
+        """Match every position again until no slot changes (at most ``encoder_sweeps``)."""
+        longest = max(len(slot.ids) + 2 for slot in slots)
+        for _ in range(self.settings.encoder_sweeps):
+            changed = [
+                self._match(slots, position, options[position], (WINDOW, WINDOW))
+                for position in range(1, longest - 1)
+            ]
+            if not any(changed):
+                return
+
+    def _cross(self, slots: list[Descent]) -> bool:
+        """Exchange the beginnings of two slots, up to a position both reach, where that
+        brings the two sentences nearest the span (summed log distance); whether one was made.
+
+        The matching keeps each position's tokens apart, but two slots can take each other's
+        beginnings and meet at a word both could continue ("which goddess helped us
+        snorkel?" beside "who has seen my?"): one token at a time, no sweep undoes that."""
+        for slot in slots:
+            if slot.distances is None:
+                self._score(slot)
+        trials, moves = [], []
+        for a, first in enumerate(slots):
+            for b in range(a + 1, len(slots)):
+                second = slots[b]
+                for cut in range(1, min(len(first.ids), len(second.ids)) + 1):
+                    if first.ids[:cut] == second.ids[:cut]:
+                        continue
+                    one, two = first.embeds.clone(), second.embeds.clone()
+                    one[1 : cut + 1], two[1 : cut + 1] = (
+                        second.embeds[1 : cut + 1],
+                        first.embeds[1 : cut + 1],
+                    )
+                    trials += [one, two]
+                    moves.append((a, b, cut))
+        if not moves:
+            return False
+        scores = [0.0] * len(trials)
+        for length in {len(trial) for trial in trials}:  # one pass per sentence length
+            same = [k for k, trial in enumerate(trials) if len(trial) == length]
+            distances = self._distances(torch.stack([trials[k] for k in same]))
+            for k, total in zip(same, log_sum(distances[:, 1:]).tolist(), strict=True):
+                scores[k] = total
+        best, gain = None, 0.0
+        for k, (a, b, _) in enumerate(moves):
+            now = float(log_sum(slots[a].distances[1:])) + float(log_sum(slots[b].distances[1:]))
+            change = scores[2 * k] + scores[2 * k + 1] - now
+            if change < gain:
+                best, gain = k, change
+        if best is None:
+            return False
+        a, b, cut = moves[best]
+        first, second = slots[a], slots[b]
+        first.ids[:cut], second.ids[:cut] = second.ids[:cut], first.ids[:cut]
+        head = first.embeds[1 : cut + 1].clone()
+        first.embeds[1 : cut + 1] = second.embeds[1 : cut + 1]
+        second.embeds[1 : cut + 1] = head
+        first.distances = second.distances = None
+        return True
+
+    def _match(
+        self,
+        slots: list[Descent],
+        position: int,
+        choices: Sequence[int],
+        window: tuple[int, int],
+    ) -> bool:
+        """Give ``position`` of every slot that reaches it one of ``choices``, by the matching
+        of least summed cost; whether any slot's token changed."""
+        running = [s for s in slots if position < s.embeds.shape[0] - 1]
+        if not running or not choices:
+            return False
+        table = self.table
+        costs = []
+        for slot in running:
+            length = slot.embeds.shape[0]
+            rows = list(range(max(1, position - window[0]), min(length, position + window[1] + 1)))
+            distances = self._trial_distances(slot.embeds, position, table[list(choices)], rows)
+            slot.scored += len(choices)
+            costs.append(log_sum(distances))
+        # Fewer candidates than slots: sentences share a token there ("the" opening two).
+        copies = math.ceil(len(running) / len(choices))
+        cost = torch.cat([torch.stack(costs)] * copies, dim=1)
+        rows, columns = linear_sum_assignment(cost.cpu().numpy())
+        changed = False
+        for row, column in zip(rows.tolist(), columns.tolist(), strict=True):
+            slot, token = running[row], choices[column % len(choices)]
+            if slot.ids[position - 1] != token:
+                changed = True
+                slot.ids[position - 1] = token
+                slot.embeds[position] = table[token]
+                slot.distances = None
+        return changed
