@@ -90,12 +90,24 @@ class EncoderSearch(DescentSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
     ) -> list[tuple[list[int], float | None]]:
-        """The batch's ``batch_size`` sentences (see ``sentences`` and ``pick``)."""
-        if self.state.layer2_ranks_only and lengths is None and tokens is not None:
-            batch = self.joint(candidates, tokenizer, batch_size, tokens)
-            if batch:
+        """The batch's ``batch_size`` sentences: filled jointly where the sentence lengths
+        are known or follow from the token count (``joint``); under dropout that is the
+        answer, otherwise the sentences it found that pass layer 2 are kept and the
+        per-length search (``sentences``) looks for the rest, then ``pick``."""
+        known: list[Candidate] = []
+        layouts = self._layouts(candidates, tokenizer, batch_size, lengths, tokens)
+        if layouts:
+            batch = self.joint(candidates, tokenizer, layouts)
+            if self.state.layer2_ranks_only:
                 return [(c.ids, c.worst) for c in batch]
-        found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens)
+            for candidate in batch:
+                if self._passes(candidate.distances) and candidate.ids not in [
+                    c.ids for c in known
+                ]:
+                    known.append(candidate)
+            if len(known) == batch_size:
+                return [(c.ids, c.worst) for c in known]
+        found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens, known)
         return self.pick(found, batch_size, tokens)
 
     def sentences(
@@ -105,6 +117,7 @@ class EncoderSearch(DescentSearch):
         batch_size: int = 1,
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
+        known: Sequence[Candidate] = (),
     ) -> list[Candidate]:
         """Every sentence length ending in a separator, searched from its starts while it
         may hold another of the batch's sentences.
@@ -119,7 +132,8 @@ class EncoderSearch(DescentSearch):
         token count (layer 2's rank, when it counts them: see ``lengths.py``), decides
         whether a length has room for one more sentence beside those found. Without either,
         a length stops at its first sentence when the separator's positions are at least as
-        many as the batch's sentences (then each length holds one)."""
+        many as the batch's sentences (then each length holds one). ``known`` sentences
+        (found by the joint fill) count as found from the start."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         inner, contexts = self._frame(candidates, tokenizer)
         ends = [length - 1 for length in contexts]
@@ -135,8 +149,9 @@ class EncoderSearch(DescentSearch):
             )
         one_each = len(ends) >= batch_size
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
-        found: list[Candidate] = []
-        elsewhere: list[list[int]] = []  # the sentences that passed so far (inner tokens)
+        found: list[Candidate] = list(known)
+        # the sentences that passed so far (inner tokens)
+        elsewhere: list[list[int]] = [c.ids[1:-1] for c in known]
         limit = ROUND_STARTS
         while len(elsewhere) < batch_size and not all(search.stopped for search in searches):
             for search in searches:
@@ -145,7 +160,7 @@ class EncoderSearch(DescentSearch):
                 length = search.length
                 room = _always
                 if lengths is not None:
-                    wanted = list(lengths).count(length)
+                    wanted = list(lengths).count(length) - sum(len(c.ids) == length for c in known)
                 elif budget is not None:
                     wanted = batch_size
 
@@ -189,25 +204,46 @@ class EncoderSearch(DescentSearch):
         }
         return inner, contexts
 
-    def joint(
-        self, candidates: list[list[int]], tokenizer, batch_size: int, tokens: int
-    ) -> list[Candidate]:
-        """The batch filled jointly (``joint.py``) for each way the candidate lengths can
-        make up the batch's token count (at most ``MAX_LAYOUTS``), the best scored one (the
-        least summed log layer-2 distance); empty when no lengths make it up."""
-        inner, contexts = self._frame(candidates, tokenizer)
+    def _layouts(
+        self,
+        candidates: list[list[int]],
+        tokenizer,
+        batch_size: int,
+        lengths: Sequence[int] | None,
+        tokens: int | None,
+    ) -> list[tuple[int, ...]]:
+        """The sentence lengths the batch may have: the server's, if it knows them, else each
+        way (at most ``MAX_LAYOUTS``) the candidate lengths make up the token count; none
+        without either."""
+        if lengths is not None:
+            return [tuple(lengths)]
+        if tokens is None:
+            return []
+        _, contexts = self._frame(candidates, tokenizer)
         budget = LengthBudget.of(list(contexts), batch_size, tokens)
         if budget is None:
             return []
         layouts = budget.layouts(MAX_LAYOUTS + 1)
         if len(layouts) > MAX_LAYOUTS:
             self.state.notes.append(f"joint fill: the first {MAX_LAYOUTS} length layouts")
+        return layouts[:MAX_LAYOUTS]
+
+    def joint(
+        self, candidates: list[list[int]], tokenizer, layouts: Sequence[Sequence[int]]
+    ) -> list[Candidate]:
+        """The batch filled jointly (``joint.py``) for each of the ``layouts`` (sentence
+        lengths), the best one: the most sentences passing layer 2, then the least summed
+        log layer-2 distance."""
+        inner, contexts = self._frame(candidates, tokenizer)
         search = JointSearch(self.hf, self.adapter, self.layer2, self.settings, self.state)
         best: list[Candidate] = []
-        best_score = math.inf
-        for layout in layouts[:MAX_LAYOUTS]:
+        best_score = (math.inf, math.inf)
+        for layout in layouts:
+            if any(length not in contexts for length in layout):
+                continue  # a known length layer 1 has no [SEP] for
             slots = search.fill(inner, layout, contexts)
-            score = sum(float(log_sum(slot.distances[1:])) for slot in slots)
+            passing = sum(self._passes(slot.distances) for slot in slots)
+            score = (-passing, sum(float(log_sum(slot.distances[1:])) for slot in slots))
             if score < best_score:
                 best_score = score
                 best = [
@@ -215,7 +251,11 @@ class EncoderSearch(DescentSearch):
                               slot.distances)
                     for slot in slots
                 ]  # fmt: skip
-        self.state.notes.append(f"joint fill of lengths {sorted(len(c.ids) for c in best)}")
+        if best:
+            self.state.notes.append(
+                f"joint fill of lengths {sorted(len(c.ids) for c in best)}: "
+                f"{-best_score[0]} pass layer 2"
+            )
         return best
 
     def _open(self, options: list[list[int]], context: torch.Tensor) -> _LengthSearch:
