@@ -43,11 +43,17 @@ def token_candidates(
         state.notes.append(f"layer-1 tokens: {len(tokens)}")
         return [tokens]
     per_position = []
+    opener = knowledge.tokenizer.cls_token_id  # what an encoder's sentences open with
     limit = min(settings.max_length, adapter.max_positions(hf))
     for position in range(limit):
         # One position for the whole vocabulary: a 0-d index broadcasts over the table.
         inputs = adapter.first_layer_input(hf, table, torch.tensor(position, device=table.device))
         tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
+        if position == 0 and dropout and opener is not None and opener not in tokens:
+            # Every sentence opens with it: B masked copies of one input, and with several
+            # copies in the span the fit can settle on a mixture of them (MiniLM, CoLA B=4
+            # under dropout 0.3: [CLS] failed at position 0, and with it the whole batch).
+            tokens.append(opener)
         if not tokens:
             break
         per_position.append(tokens)
