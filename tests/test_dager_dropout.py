@@ -84,7 +84,8 @@ def test_minilm_batch_of_four_under_dropout_is_recovered_exactly():
     """CoLA's third batch of four (LAMP's order) from MiniLM's real train mode (dropout 0.1),
     lengths unknown: two 9-token sentences end at one position, and a 14-token one shares
     their first word. Searched one length at a time the batch came back 1 of 4; filled
-    jointly, 4 of 4."""
+    jointly without the exchange of beginnings, 1 of 4 (the long sentences swap heads at
+    "struck during the early"); with it, 4 of 4."""
     texts = [
         "john tries to meet not mary.",
         "the unidentified victim was apparently struck during the early morning hours.",

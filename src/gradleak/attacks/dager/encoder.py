@@ -59,6 +59,16 @@ class Candidate:
         return float(log_mean(self.distances))
 
 
+@dataclass(frozen=True)
+class Frame:
+    """Per position the inner candidate tokens (the tokenizer's markers left out), and for
+    each sentence length the layer-1 candidates allow, the starting embeddings of a sentence
+    of that length: [CLS], each position's candidates' mean embedding, [SEP]."""
+
+    inner: list[list[int]]
+    contexts: dict[int, torch.Tensor]
+
+
 @dataclass
 class _LengthSearch:
     """One sentence length's search, resumable: its starts still queued, what it found."""
@@ -94,10 +104,11 @@ class EncoderSearch(DescentSearch):
         are known or follow from the token count (``joint``); under dropout that is the
         answer, otherwise the sentences it found that pass layer 2 are kept and the
         per-length search (``sentences``) looks for the rest, then ``pick``."""
+        frame = self._frame(candidates, tokenizer)
         known: list[Candidate] = []
-        layouts = self._layouts(candidates, tokenizer, batch_size, lengths, tokens)
+        layouts = self._layouts(frame, batch_size, lengths, tokens)
         if layouts:
-            batch = self.joint(candidates, tokenizer, layouts)
+            batch = self.joint(frame, tokenizer, layouts)
             if self.state.layer2_ranks_only:
                 return [(c.ids, c.worst) for c in batch]
             for candidate in batch:
@@ -107,12 +118,12 @@ class EncoderSearch(DescentSearch):
                     known.append(candidate)
             if len(known) == batch_size:
                 return [(c.ids, c.worst) for c in known]
-        found = self.sentences(candidates, tokenizer, batch_size, lengths, tokens, known)
+        found = self.sentences(frame, tokenizer, batch_size, lengths, tokens, known)
         return self.pick(found, batch_size, tokens)
 
     def sentences(
         self,
-        candidates: list[list[int]],
+        frame: Frame,
         tokenizer,
         batch_size: int = 1,
         lengths: Sequence[int] | None = None,
@@ -135,7 +146,7 @@ class EncoderSearch(DescentSearch):
         many as the batch's sentences (then each length holds one). ``known`` sentences
         (found by the joint fill) count as found from the start."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
-        inner, contexts = self._frame(candidates, tokenizer)
+        inner, contexts = frame.inner, frame.contexts
         ends = [length - 1 for length in contexts]
         if lengths is not None:
             ends = [end for end in ends if end + 1 in lengths]
@@ -183,15 +194,9 @@ class EncoderSearch(DescentSearch):
                 )
         return found
 
-    def _frame(
-        self, candidates: list[list[int]], tokenizer
-    ) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
-        """Per position the inner candidates (the tokenizer's markers left out), and for each
-        sentence length the layer-1 candidates allow, the starting embeddings of a sentence of
-        that length: [CLS], each position's candidates' mean embedding, [SEP].
-
-        A sentence needs one token between [CLS] and [SEP], each position a candidate, and a
-        [SEP] candidate where it ends."""
+    def _frame(self, candidates: list[list[int]], tokenizer) -> Frame:
+        """What every search starts from (see ``Frame``). A sentence needs one token between
+        [CLS] and [SEP], each position a candidate, and a [SEP] candidate where it ends."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         specials = set(tokenizer.all_special_ids)
         inner = [[t for t in options if t not in specials] for options in candidates]
@@ -202,12 +207,11 @@ class EncoderSearch(DescentSearch):
             for end, there in enumerate(candidates)
             if end >= 2 and sep in there and all(inner[1:end])
         }
-        return inner, contexts
+        return Frame(inner, contexts)
 
     def _layouts(
         self,
-        candidates: list[list[int]],
-        tokenizer,
+        frame: Frame,
         batch_size: int,
         lengths: Sequence[int] | None,
         tokens: int | None,
@@ -219,8 +223,7 @@ class EncoderSearch(DescentSearch):
             return [tuple(lengths)]
         if tokens is None:
             return []
-        _, contexts = self._frame(candidates, tokenizer)
-        budget = LengthBudget.of(list(contexts), batch_size, tokens)
+        budget = LengthBudget.of(list(frame.contexts), batch_size, tokens)
         if budget is None:
             return []
         layouts = budget.layouts(MAX_LAYOUTS + 1)
@@ -228,13 +231,11 @@ class EncoderSearch(DescentSearch):
             self.state.notes.append(f"joint fill: the first {MAX_LAYOUTS} length layouts")
         return layouts[:MAX_LAYOUTS]
 
-    def joint(
-        self, candidates: list[list[int]], tokenizer, layouts: Sequence[Sequence[int]]
-    ) -> list[Candidate]:
+    def joint(self, frame: Frame, tokenizer, layouts: Sequence[Sequence[int]]) -> list[Candidate]:
         """The batch filled jointly (``joint.py``) for each of the ``layouts`` (sentence
         lengths), the best one: the most sentences passing layer 2, then the least summed
         log layer-2 distance."""
-        inner, contexts = self._frame(candidates, tokenizer)
+        inner, contexts = frame.inner, frame.contexts
         search = JointSearch(self.hf, self.adapter, self.layer2, self.settings, self.state)
         best: list[Candidate] = []
         best_score = (math.inf, math.inf)
