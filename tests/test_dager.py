@@ -372,11 +372,9 @@ def test_encoder_separates_sentences_of_one_length_that_share_most_words(tiny_vi
     assert decoded == sorted(e.text for e in examples)
 
 
-def test_encoder_start_budget_caps_the_search_and_says_so(tiny_victim, monkeypatch):
+def test_encoder_start_budget_caps_the_search_and_says_so(tiny_victim):
     """One start per length cannot reach a sentence whose first token ranks behind another
-    sentence's: the record says the search was capped. (The per-length search alone: the
-    joint fill, which finds these three, is left out.)"""
-    monkeypatch.setattr(EncoderSearch, "_layouts", lambda self, *args: [])
+    sentence's: the record says the search was capped."""
     examples = [
         Example("the cat sat on the mat", label=1),
         Example("the dog sat on a log", label=0),
@@ -466,8 +464,6 @@ def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
         return original(self, options, context)
 
     monkeypatch.setattr(EncoderSearch, "_open", spy)
-    # the per-length search alone: the joint fill would find both first
-    monkeypatch.setattr(EncoderSearch, "_layouts", lambda self, *args: [])
     lengths = sorted(len(victim.tokenizer(e.text)["input_ids"]) for e in examples)
     update, _ = client_round(victim, Protocol(mode="eval"), examples)
     batch = encode(victim, examples)
