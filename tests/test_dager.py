@@ -492,6 +492,10 @@ def test_length_budget_lists_the_layouts_that_make_up_the_token_count():
     assert budget is not None
     assert budget.layouts(10) == [(13, 9, 6), (12, 9, 7)]
     assert budget.layouts(1) == [(13, 9, 6)]
+    assert budget.layouts(10, every=True) == []  # five lengths cannot all be among three
+    eight = LengthBudget.of([6, 7, 10, 11, 12, 20], sentences=8, tokens=85)
+    assert eight is not None and len(eight.layouts(100)) == 30
+    assert eight.layouts(10, every=True) == [(20, 12, 12, 11, 10, 7, 7, 6)]
 
 
 def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_length(

@@ -218,7 +218,9 @@ class EncoderSearch(DescentSearch):
         budget = LengthBudget.of(list(frame.contexts), batch_size, tokens)
         if budget is None:
             return []
-        layouts = budget.layouts(MAX_LAYOUTS + 1)
+        # Under dropout a [SEP] passes layer 1 only where a sentence ends: each candidate
+        # length is some sentence's.
+        layouts = budget.layouts(MAX_LAYOUTS + 1, every=True) or budget.layouts(MAX_LAYOUTS + 1)
         if len(layouts) > MAX_LAYOUTS:
             self.state.notes.append(f"joint fill: the first {MAX_LAYOUTS} length layouts")
         return layouts[:MAX_LAYOUTS]

@@ -46,14 +46,22 @@ class LengthBudget:
         rest = self.tokens - sum(found) - length
         return left >= 0 and rest >= 0 and rest in self.reachable[left]
 
-    def layouts(self, limit: int) -> list[tuple[int, ...]]:
+    def layouts(self, limit: int, every: bool = False) -> list[tuple[int, ...]]:
         """Up to ``limit`` multisets of ``sentences`` candidate lengths summing to ``tokens``
-        (longest lengths first)."""
+        (longest lengths first). ``every``: only those holding each candidate length at
+        least once (where no candidate is spurious, as under dropout's robust check, each
+        ends a sentence: MiniLM, CoLA B=8, the first batch's six lengths leave one such
+        layout of the 30 that sum to its 85 tokens)."""
+        options = sorted(self.lengths, reverse=True)
+        fixed: tuple[int, ...] = tuple(options) if every else ()
+        free = self.sentences - len(fixed)
+        rest = self.tokens - sum(fixed)
+        if free < 0 or rest < 0:
+            return []
         found = []
-        for lengths in combinations_with_replacement(sorted(self.lengths, reverse=True),
-                                                     self.sentences):  # fmt: skip
-            if sum(lengths) == self.tokens:
-                found.append(lengths)
+        for extra in combinations_with_replacement(options, free):
+            if sum(extra) == rest:
+                found.append(tuple(sorted(fixed + extra, reverse=True)))
                 if len(found) >= limit:
                     break
         return found
