@@ -111,8 +111,9 @@ class EncoderSearch(DescentSearch):
         frame = self._frame(candidates, tokenizer)
         if self.state.layer2_ranks_only:
             layouts = self._layouts(frame, batch_size, lengths, tokens)
-            if layouts:
-                return [(c.ids, c.worst) for c in self.joint(frame, tokenizer, layouts)]
+            batch = self.joint(frame, tokenizer, layouts) if layouts else []
+            if batch:  # none when layer 1 has no [SEP] for a length the server knows
+                return [(c.ids, c.worst) for c in batch]
         found = self.sentences(frame, tokenizer, batch_size, lengths, tokens)
         return self.pick(found, batch_size, tokens)
 

@@ -10,13 +10,15 @@ So the batch is filled jointly: one slot per sentence, its length from the batch
 (``lengths.py``), and at each position the slots still running share that position's
 candidates by a minimum-cost matching (a token goes to one slot unless the position has fewer
 candidates than slots), the cost being each slot's summed log layer-2 distance around the
-position. A left-to-right fill against filler context, then sweeps until no slot changes.
+position. A left-to-right fill against filler context, then sweeps until no slot changes,
+then exchanges of two slots' beginnings where they lower the two sentences' distances (each
+followed by sweeps).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +39,7 @@ class JointSearch(DescentSearch):
         self,
         options: Sequence[Sequence[int]],
         lengths: Sequence[int],
-        context: Sequence[torch.Tensor],
+        context: Mapping[int, torch.Tensor],
     ) -> list[Descent]:
         """One sentence per entry of ``lengths`` (special tokens included), filled from
         ``options`` (per position, the inner candidate tokens; position 0 unused).
@@ -47,7 +49,7 @@ class JointSearch(DescentSearch):
         for position in range(1, longest - 1):
             self._match(slots, position, options[position], (1, 0))
         self._sweeps(slots, options)
-        for _ in range(len(slots)):
+        for _ in range(len(slots)):  # an exchange a slot, at most
             if not self._cross(slots):
                 break
             self._sweeps(slots, options)
