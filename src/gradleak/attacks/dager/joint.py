@@ -79,6 +79,7 @@ class JointSearch(DescentSearch):
         for slot in slots:
             if slot.distances is None:
                 self._score(slot)
+        totals = [float(log_sum(slot.distances[1:])) for slot in slots]
         trials, moves = [], []
         for a, first in enumerate(slots):
             for b in range(a + 1, len(slots)):
@@ -87,10 +88,7 @@ class JointSearch(DescentSearch):
                     if first.ids[:cut] == second.ids[:cut]:
                         continue
                     one, two = first.embeds.clone(), second.embeds.clone()
-                    one[1 : cut + 1], two[1 : cut + 1] = (
-                        second.embeds[1 : cut + 1],
-                        first.embeds[1 : cut + 1],
-                    )
+                    _swap_heads(one, two, cut)
                     trials += [one, two]
                     moves.append((a, b, cut))
         if not moves:
@@ -103,8 +101,7 @@ class JointSearch(DescentSearch):
                 scores[k] = total
         best, gain = None, 0.0
         for k, (a, b, _) in enumerate(moves):
-            now = float(log_sum(slots[a].distances[1:])) + float(log_sum(slots[b].distances[1:]))
-            change = scores[2 * k] + scores[2 * k + 1] - now
+            change = scores[2 * k] + scores[2 * k + 1] - totals[a] - totals[b]
             if change < gain:
                 best, gain = k, change
         if best is None:
@@ -112,9 +109,7 @@ class JointSearch(DescentSearch):
         a, b, cut = moves[best]
         first, second = slots[a], slots[b]
         first.ids[:cut], second.ids[:cut] = second.ids[:cut], first.ids[:cut]
-        head = first.embeds[1 : cut + 1].clone()
-        first.embeds[1 : cut + 1] = second.embeds[1 : cut + 1]
-        second.embeds[1 : cut + 1] = head
+        _swap_heads(first.embeds, second.embeds, cut)
         first.distances = second.distances = None
         return True
 
@@ -131,11 +126,12 @@ class JointSearch(DescentSearch):
         if not running or not choices:
             return False
         table = self.table
+        replacements = table[list(choices)]
         costs = []
         for slot in running:
             length = slot.embeds.shape[0]
-            rows = list(range(max(1, position - window[0]), min(length, position + window[1] + 1)))
-            distances = self._trial_distances(slot.embeds, position, table[list(choices)], rows)
+            near = list(range(max(1, position - window[0]), min(length, position + window[1] + 1)))
+            distances = self._trial_distances(slot.embeds, position, replacements, near)
             slot.scored += len(choices)
             costs.append(log_sum(distances))
         # Fewer candidates than slots: sentences share a token there ("the" opening two).
@@ -151,3 +147,10 @@ class JointSearch(DescentSearch):
                 slot.embeds[position] = table[token]
                 slot.distances = None
         return changed
+
+
+def _swap_heads(one: torch.Tensor, two: torch.Tensor, cut: int) -> None:
+    """Exchange, in place, the embeddings of positions 1 to ``cut`` of two sentences."""
+    head = one[1 : cut + 1].clone()
+    one[1 : cut + 1] = two[1 : cut + 1]
+    two[1 : cut + 1] = head

@@ -90,7 +90,7 @@ class SpanBasis:
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
 
 
-# The fit's smoothing: |r| + eps in the weights, eps shrinking by DECAY per iteration from
+# The fit's smoothing: |r| + eps in the weights, eps shrinking by EPS_DECAY per iteration from
 # EPS_START (large first, so the first fits are near least squares and the later ones free
 # the outliers).
 EPS_START, EPS_DECAY, EPS_FLOOR = 1e-2, 0.5, 1e-9
