@@ -15,6 +15,7 @@ from gradleak.attacks.dager import (
     estimate_rank,
     span_basis,
 )
+from gradleak.attacks.dager import attack as dager_attack_module
 from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
@@ -143,6 +144,34 @@ def test_fedavg_of_a_float64_client_is_recovered_at_any_small_learning_rate(tiny
     if lr == 1e-6:
         decoded, _ = attack(victim, Protocol(**protocol, lr=lr))
         assert not set(decoded) & {"a dog ran home", "the cat sat on the mat"}
+
+
+@pytest.mark.parametrize("lr", [1e-3, 1e-2])
+def test_fedavg_local_steps_on_other_sentences_are_all_recovered(tiny_victim, monkeypatch, lr):
+    """One epoch of one-sentence steps (2 local steps, float64 client): the second step read
+    its sentence through the weights the first had moved, so its inputs sit off the server's
+    by about that move, far above the first step's (1e-8). The cuts treat distances under
+    the drift from the global weights to the global weights plus the delta as zero, and both
+    sentences are exact; the plain largest gap (measured: between the two steps) keeps only
+    the first step's sentence."""
+    victim = tiny_victim("tiny-gpt2")
+    protocol = Protocol(
+        mode="eval", algorithm="fedavg", local_batch_size=1, lr=lr, precision="float64"
+    )
+    decoded, result = attack(victim, protocol)
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    assert any("2 local steps: inputs drift up to" in note for note in result.info["notes"])
+    monkeypatch.setattr(dager_attack_module, "several_steps", lambda update: False)
+    decoded, _ = attack(victim, protocol)
+    assert decoded.count("") == 1  # one sentence of the two
+
+
+def test_a_cut_ignores_gaps_under_the_drift_floor():
+    """A first local step's inputs at 1e-8, a later one's at 1e-4, the rest at 1e-1: the
+    largest gap alone falls between the two steps; above the drift it falls under the rest."""
+    distances = torch.tensor([1e-8, 2e-8, 1e-4, 3e-4, 1e-1, 2e-1, 3e-1], dtype=torch.float64)
+    assert 2e-8 < gap_threshold(distances, 1e-2, max_accept=6) < 1e-4
+    assert 3e-4 < gap_threshold(distances, 1e-2, max_accept=6, floor=1e-3) < 1e-1
 
 
 def test_lora_update_is_inverted_through_the_adapter_space(tiny_victim):

@@ -11,7 +11,10 @@
    all lie in the span (``encoder.py``).
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
-local steps' gradients, and the scale does not matter for a span. LoRA updates are checked in
+local steps' gradients, and the scale does not matter for a span. A local step on another local batch
+read its inputs through the weights the steps before it had moved, so the distance cuts then
+ignore gaps under how far the inputs move from the global weights to the global weights plus
+the delta (``drift.py``; decoders: the token check and the prefix check). LoRA updates are checked in
 the adapter's space (``A x`` for the B matrix's gradient, ``x`` for A's).
 
 Under a public top-k pruning the spans come from the gradient rows the pruning kept whole;
@@ -20,6 +23,7 @@ a public sign compression is refused (``check.py``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Literal
 
 import torch
@@ -36,6 +40,7 @@ from gradleak.attacks.dager.check import (
     require_scenario,
 )
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
+from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.search import SearchState, pick_batch
 from gradleak.attacks.dager.settings import DagerSettings
@@ -92,15 +97,27 @@ class DagerAttack(Attack[DagerSettings]):
         if any(c.whole_rows is not None for layer in layers for c in layer.checks):
             rows = [sum(c.whole_rows or 0 for c in layer.checks) for layer in layers]
             state.notes.append(f"spans of the rows pruning kept whole: {rows[0]}/{rows[1]}")
+        layer1, layer2 = plan.layer1, plan.layer2
         with torch.no_grad():
-            candidates = token_candidates(hf, knowledge, plan.layer1, self.settings, state)
+            end = end_model(update, knowledge) if several_steps(update) else None
+            if end is not None:
+                layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))
+            candidates = token_candidates(hf, knowledge, layer1, self.settings, state)
+            if end is not None:
+                batch_tokens = sorted({t for options in candidates for t in options})
+                layer2 = replace(layer2, drift=layer2_drift(hf, end, gm.adapter, batch_tokens))
+                state.notes.append(
+                    f"{update.metadata['local_steps']} local steps: inputs drift up to "
+                    f"{layer1.drift:.1e} / {layer2.drift:.1e} (layers 1 / 2)"
+                )
+                del end
             if gm.adapter.is_decoder:
-                search = DecoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
+                search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
                 found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
                 sentences = pick_batch(found, knowledge.batch_size)
             else:
-                search = EncoderSearch(hf, gm.adapter, plan.layer2, self.settings, state)
+                search = EncoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 sentences = search.run(
                     candidates,
                     knowledge.tokenizer,

@@ -101,6 +101,9 @@ class LayerCheck:
     """
 
     checks: list[SpanCheck]
+    # How far the inputs of an update's later local steps may lie from the server's version
+    # of them (relative distance; 0 for a single step, see ``drift.py``).
+    drift: float = 0.0
 
     @property
     def rank(self) -> int:

@@ -128,7 +128,11 @@ class DecoderSearch(SentenceSearch):
         expected = width * 4 + batch_size + 1
         fixed = self.settings.l2_threshold
         cut = threshold(
-            _anchored(distances, level), fixed, expected, self.settings.fallback_threshold
+            _anchored(distances, level),
+            fixed,
+            expected,
+            self.settings.fallback_threshold,
+            floor=self.layer2.drift,
         )
         if self.layer2.noisy and fixed is None:
             # A partial span leaves true prefixes near it, not in it: keep as many of the

@@ -41,13 +41,17 @@ class SentenceSearch:
 
 
 def threshold(
-    distances: torch.Tensor, fixed: float | None, expected: int, fallback: float
+    distances: torch.Tensor,
+    fixed: float | None,
+    expected: int,
+    fallback: float,
+    floor: float = 0.0,
 ) -> float:
     """The distance cut: ``fixed`` when set, else the largest gap among the ``expected + 1``
-    nearest (``fallback`` when no gap is clear, see ``gap_threshold``)."""
+    nearest above ``floor`` (``fallback`` when no gap is clear, see ``gap_threshold``)."""
     if fixed is not None:
         return fixed
-    return gap_threshold(distances, fallback, max_accept=expected)
+    return gap_threshold(distances, fallback, max_accept=expected, floor=floor)
 
 
 def count_cut(distances: torch.Tensor, count: int) -> float:

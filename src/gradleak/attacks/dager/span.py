@@ -197,13 +197,18 @@ def span_basis(
     return SpanBasis(basis, s, hidden_size, noise_floor=floor, whitened=noise is not None)
 
 
-def gap_threshold(distances: torch.Tensor, fallback: float, max_accept: int) -> float:
+def gap_threshold(
+    distances: torch.Tensor, fallback: float, max_accept: int, floor: float = 0.0
+) -> float:
     """A threshold between the near-zero distances of true inputs and the rest.
 
     Looks for the largest log-scale gap among the ``max_accept + 1`` smallest distances; uses
-    ``fallback`` when the gap is under a decade (nothing clearly separates).
+    ``fallback`` when the gap is under a decade (nothing clearly separates). Distances below
+    ``floor`` count as ``floor``: true inputs may lie anywhere under it (``drift.py``), so no
+    gap there separates anything.
     """
-    smallest = torch.sort(distances.flatten()).values[: max_accept + 1].clamp(1e-300, 1e300)
+    low = max(floor, 1e-300)
+    smallest = torch.sort(distances.flatten()).values[: max_accept + 1].clamp(low, 1e300)
     if smallest.numel() < 2:
         return fallback
     logs = torch.log10(smallest)

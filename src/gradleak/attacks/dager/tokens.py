@@ -105,7 +105,13 @@ def _passing(
     and the cut sits halfway between."""
     distances = layer1.distance(inputs, screened=True)
     if dropout == 0.0:
-        cut = threshold(distances, settings.l1_threshold, layer1.rank, settings.fallback_threshold)
+        cut = threshold(
+            distances,
+            settings.l1_threshold,
+            layer1.rank,
+            settings.fallback_threshold,
+            floor=layer1.drift,
+        )
         if layer1.noisy and settings.l1_threshold is None:
             cut = max(cut, count_cut(distances, layer1.rank))
         return torch.nonzero(distances < cut).flatten().tolist()
