@@ -217,6 +217,16 @@ def test_a_fixed_cut_under_a_float32_deltas_rounding_is_refused_naming_the_round
     assert not isinstance(DagerAttack(fixed).check(update, knowledge), Refusal)
 
 
+def test_an_adam_clients_full_rank_delta_is_refused_naming_adam(tiny_victim):
+    """Adam scales every entry of a step by its own running statistics: the delta is no sum
+    of input outer products, and the refusal says so rather than blaming the batch."""
+    protocol = Protocol(mode="eval", algorithm="fedavg", epochs=2, optimizer="adam", lr=1e-3)
+    update, knowledge = client_round(tiny_victim("tiny-gpt2"), protocol)
+    refusal = DagerAttack().check(update, knowledge)
+    assert isinstance(refusal, Refusal) and "full rank" in refusal.reason
+    assert "an Adam client" in refusal.reason and "--optimizer sgd" in refusal.reason
+
+
 @pytest.mark.parametrize(("share", "missing"), [("1.qkv", "first"), ("0.qkv", "second")])
 def test_update_without_a_layers_projections_is_an_error(tiny_victim, share, missing):
     update, knowledge = client_round(tiny_victim("tiny-llama"), Protocol(mode="eval", share=share))

@@ -11,11 +11,12 @@
    all lie in the span (``encoder.py``).
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
-local steps' gradients, and the scale does not matter for a span. A local step on another local batch
-read its inputs through the weights the steps before it had moved, so the distance cuts then
-ignore gaps under how far the inputs move from the global weights to the global weights plus
-the delta (``drift.py``; decoders: the token check and the prefix check). LoRA updates are checked in
-the adapter's space (``A x`` for the B matrix's gradient, ``x`` for A's).
+local steps' gradients, and the scale does not matter for a span. A local step on another
+local batch read its inputs through the weights the steps before it had moved, so the distance
+cuts then ignore gaps under how far the inputs move from the global weights to the global
+weights plus the delta (``drift.py``; decoders: the token check and the prefix check). LoRA
+updates are checked in the adapter's space (``A x`` for the B matrix's gradient, ``x`` for
+A's).
 
 Under a public top-k pruning the spans come from the gradient rows the pruning kept whole;
 a public sign compression is refused (``check.py``).

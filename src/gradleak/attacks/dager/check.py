@@ -236,8 +236,8 @@ def full_rank_refusal(
     rank_tol: float | None = None,
 ) -> Refusal | None:
     """A refusal when one of the layer's spans is full, naming what can fill it: the client's
-    public ``defenses``, the rounding of a float32 weight delta cut by a fixed ``rank_tol``
-    (the default cut sits above that rounding), or the batch itself."""
+    public ``defenses``, an Adam client's steps, the rounding of a float32 weight delta cut by
+    a fixed ``rank_tol`` (the default cut sits above that rounding), or the batch itself."""
     for one in check.checks:
         if not one.span.full:
             continue
@@ -250,6 +250,13 @@ def full_rank_refusal(
                 f"which fills every direction above --rank-tol {rank_tol:g}, or {cause}"
             )
             fix = "leave --rank-tol at its default (the rounding floor), or " + fix
+        if update is not None and _adam_delta(update):
+            cause = (
+                "an Adam client divides each entry of its steps by that entry's own running "
+                "scale (its first step is about lr times the gradient's sign), so its delta is "
+                f"no sum of input outer products and fills every direction, or {cause}"
+            )
+            fix = "attack a client that steps with SGD (--optimizer sgd) or sends gradients"
         if defenses:
             names = "+".join(d.name for d in defenses)
             cause = f"the client's defense ({names}) fills every direction, or {cause}"
@@ -258,6 +265,11 @@ def full_rank_refusal(
             f"{one.span.rank} ({cause}): {fix}"
         )
     return None
+
+
+def _adam_delta(update: ClientUpdate) -> bool:
+    """Whether ``update`` is the weight delta of a client that stepped with Adam."""
+    return update.kind == "weight_delta" and update.metadata.get("optimizer") == "adam"
 
 
 def _float32_delta(update: ClientUpdate) -> bool:
