@@ -146,15 +146,19 @@ def test_fedavg_of_a_float64_client_is_recovered_at_any_small_learning_rate(tiny
         assert not set(decoded) & {"a dog ran home", "the cat sat on the mat"}
 
 
-@pytest.mark.parametrize("lr", [1e-3, 1e-2])
-def test_fedavg_local_steps_on_other_sentences_are_all_recovered(tiny_victim, monkeypatch, lr):
+@pytest.mark.parametrize(
+    ("name", "lr"), [("tiny-gpt2", 1e-3), ("tiny-gpt2", 1e-2), ("tiny-bert", 1e-2)]
+)
+def test_fedavg_local_steps_on_other_sentences_are_all_recovered(
+    tiny_victim, monkeypatch, name, lr
+):
     """One epoch of one-sentence steps (2 local steps, float64 client): the second step read
     its sentence through the weights the first had moved, so its inputs sit off the server's
     by about that move, far above the first step's (1e-8). The cuts treat distances under
     the drift from the global weights to the global weights plus the delta as zero, and both
     sentences are exact; the plain largest gap (measured: between the two steps) keeps only
     the first step's sentence."""
-    victim = tiny_victim("tiny-gpt2")
+    victim = tiny_victim(name)
     protocol = Protocol(
         mode="eval", algorithm="fedavg", local_batch_size=1, lr=lr, precision="float64"
     )

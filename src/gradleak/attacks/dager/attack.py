@@ -14,7 +14,7 @@ A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the
 local steps' gradients, and the scale does not matter for a span. A local step on another
 local batch read its inputs through the weights the steps before it had moved, so the distance
 cuts then ignore gaps under how far the inputs move from the global weights to the global
-weights plus the delta (``drift.py``; decoders: the token check and the prefix check). LoRA
+weights plus the delta (``drift.py``: the token check, the prefix and sentence checks). LoRA
 updates are checked in the adapter's space (``A x`` for the B matrix's gradient, ``x`` for
 A's).
 

@@ -227,9 +227,10 @@ class DescentSearch(SentenceSearch):
         return torch.cat(out)
 
     def _cut(self) -> float:
-        """The pass mark during the search: a set ``l2_threshold``, else ``SURE`` (the final
-        cut adapts to every sentence found, see ``pick``)."""
-        return self.settings.l2_threshold or SURE
+        """The pass mark during the search: a set ``l2_threshold``, else ``SURE`` or the
+        inputs' drift over several local steps if larger (the final cut adapts to every
+        sentence found, see ``pick``)."""
+        return self.settings.l2_threshold or max(SURE, self.layer2.drift)
 
     def _passes(self, distances: torch.Tensor | None) -> bool:
         """Whether a sentence passes layer 2 at every position (under dropout nothing

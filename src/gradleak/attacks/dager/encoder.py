@@ -347,7 +347,11 @@ class EncoderSearch(DescentSearch):
             return pick_batch([], batch_size)
         worst = torch.stack([c.distances.max() for c in found])
         cut = threshold(
-            worst, self.settings.l2_threshold, batch_size, self.settings.fallback_threshold
+            worst,
+            self.settings.l2_threshold,
+            batch_size,
+            self.settings.fallback_threshold,
+            floor=self.layer2.drift,
         )
         exact = sorted((c for c in found if c.worst < cut), key=lambda c: c.worst)
         rest = sorted((c for c in found if c.worst >= cut), key=lambda c: c.mean_log)
