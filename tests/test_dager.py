@@ -22,7 +22,7 @@ from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
 from gradleak.attacks.dager.lengths import LengthBudget
-from gradleak.attacks.dager.search import SearchState
+from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
 from gradleak.errors import GradleakError
@@ -168,6 +168,22 @@ def test_fedavg_local_steps_on_other_sentences_are_all_recovered(
     monkeypatch.setattr(dager_attack_module, "several_steps", lambda update: False)
     decoded, _ = attack(victim, protocol)
     assert decoded.count("") == 1  # one sentence of the two
+
+
+def test_the_decoder_pick_passes_over_near_misses_of_a_chosen_sentence():
+    """A noisy span lets one-token variants of a found sentence pass ("they have no." beside
+    "they have no old.") with better scores than another sentence of the batch: the plain
+    pick takes the variant, the distinct pick the other sentence, and variants only to fill."""
+    found = [
+        ([1, 5, 6, 7, 2], 1e-3),  # the sentence
+        ([1, 5, 6, 2], 1.5e-3),  # a token dropped
+        ([1, 5, 6, 7, 7, 2], 2e-3),  # a token repeated
+        ([1, 8, 9, 2], 4e-3),  # another sentence of the batch
+    ]
+    assert [ids for ids, _ in pick_batch(found, 2)] == [[1, 5, 6, 7, 2], [1, 5, 6, 2]]
+    picked = [ids for ids, _ in pick_distinct(found, 2)]
+    assert picked == [[1, 5, 6, 7, 2], [1, 8, 9, 2]]
+    assert len({tuple(ids) for ids, _ in pick_distinct(found, 4)}) == 4
 
 
 def test_a_cut_ignores_gaps_under_the_drift_floor():

@@ -43,7 +43,7 @@ from gradleak.attacks.dager.check import (
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.encoder import EncoderSearch
-from gradleak.attacks.dager.search import SearchState, pick_batch
+from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
 from gradleak.federated.client import ClientUpdate
@@ -116,7 +116,7 @@ class DagerAttack(Attack[DagerSettings]):
                 search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
                 found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
-                sentences = pick_batch(found, knowledge.batch_size)
+                sentences = pick_distinct(found, knowledge.batch_size)
             else:
                 search = EncoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 sentences = search.run(

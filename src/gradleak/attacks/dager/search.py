@@ -63,6 +63,39 @@ def count_cut(distances: torch.Tensor, count: int) -> float:
     return float(values[min(count, values.numel()) - 1]) * (1 + 1e-9)
 
 
+def pick_distinct(
+    sentences: list[tuple[list[int], float]], batch_size: int
+) -> list[tuple[list[int], float | None]]:
+    """``pick_batch``, passing over a sentence one token edit away from one chosen before
+    while others remain.
+
+    Under a noisy span (a float32 FedAvg delta at lr 1e-2, two epochs, CoLA B=16) such
+    near-misses pass beside the true sentence ("They have no." and "came in in." after "They
+    have no old." and "came in."), score better than whole sentences of the batch, and took 6
+    of the 16 places."""
+    ranked = sorted(sentences, key=lambda item: item[1])
+    chosen: list[tuple[list[int], float]] = []
+    for ids, score in ranked:
+        if len(chosen) < batch_size and not any(_one_edit(ids, c) for c, _ in chosen):
+            chosen.append((ids, score))
+    rest = [item for item in ranked if item not in chosen]
+    return pick_batch(chosen + rest[: max(0, batch_size - len(chosen))], batch_size)
+
+
+def _one_edit(ids: list[int], other: list[int]) -> bool:
+    """Whether ``ids`` equals ``other`` or differs from it by one token inserted, deleted or
+    replaced."""
+    if abs(len(ids) - len(other)) > 1:
+        return False
+    head = 0
+    while head < min(len(ids), len(other)) and ids[head] == other[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(ids), len(other)) - head and ids[-1 - tail] == other[-1 - tail]:
+        tail += 1
+    return max(len(ids), len(other)) - head - tail <= 1
+
+
 def pick_batch(
     sentences: list[tuple[list[int], float]], batch_size: int
 ) -> list[tuple[list[int], float | None]]:
