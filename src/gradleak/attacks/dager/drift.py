@@ -63,9 +63,10 @@ def _relative(moved: torch.Tensor, start: torch.Tensor) -> float:
 def layer1_drift(hf: nn.Module, end: nn.Module, adapter) -> float:
     """How far any vocabulary token's first-layer input moves over the round (at position 1,
     for models with absolute positions)."""
-    position = None if adapter.rotary_positions else torch.tensor(1)
-    start = adapter.first_layer_input(hf, adapter.token_embedding(hf).weight, _on(position, hf))
-    moved = adapter.first_layer_input(end, adapter.token_embedding(end).weight, _on(position, end))
+    device = next(hf.parameters()).device
+    position = None if adapter.rotary_positions else torch.tensor(1, device=device)
+    start = adapter.first_layer_input(hf, adapter.token_embedding(hf).weight, position)
+    moved = adapter.first_layer_input(end, adapter.token_embedding(end).weight, position)
     return _relative(moved, start)
 
 
@@ -80,7 +81,3 @@ def layer2_drift(hf: nn.Module, end: nn.Module, adapter, tokens: list[int]) -> f
     ids = torch.tensor(tokens)[pick].to(device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     return _relative(adapter.layer_input(end, 1, inputs), adapter.layer_input(hf, 1, inputs))
-
-
-def _on(position: torch.Tensor | None, model: nn.Module) -> torch.Tensor | None:
-    return None if position is None else position.to(next(model.parameters()).device)
