@@ -7,7 +7,12 @@ import pytest
 import torch
 from conftest import encode
 
-from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
+from gradleak.attacks.ghost import (
+    LOW_RANK_TOLERANCE,
+    GhostStatistics,
+    GhostUnsupported,
+    _factor,
+)
 from gradleak.attacks.objective import DISTANCES, GradientMatcher, cos_distance
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
@@ -119,3 +124,44 @@ def test_linear_statistics_equal_the_materialized_gradient(tokens):
         assert torch.allclose(inner[g], torch.stack(expected), rtol=1e-4, atol=1e-6)
         assert torch.allclose(norm[g], torch.stack([d.pow(2).sum() for d in grads]), rtol=1e-4)
     assert not torch.allclose(inner[0], inner[1])  # the groups differ, so the test can fail
+
+
+def test_a_target_of_few_tokens_is_factored_at_its_rank():
+    """A received weight gradient of n tokens has rank n: it is replaced by rank-n factors
+    that reproduce it to the tolerance; a noised (full-rank) one keeps the dense product."""
+    torch.manual_seed(0)
+    tokens, width_in, width_out = 7, 96, 80
+    received = torch.randn(tokens, width_out).T @ torch.randn(tokens, width_in)  # D^T X
+    left, right = _factor(received.T, most=32)
+    assert left.shape == (width_in, tokens) and right.shape == (width_out, tokens)
+    error = torch.linalg.matrix_norm(left @ right.T - received.T) / received.norm()
+    assert error <= LOW_RANK_TOLERANCE
+    noised = received + 1e-3 * received.abs().mean() * torch.randn_like(received)
+    assert _factor(noised.T, most=32) is None
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-3])
+def test_factored_and_dense_targets_give_the_materialized_statistics(noise):
+    """The same statistics whether the targets are low-rank (factored) or noised (dense), in
+    stacked groups each with its own target, as a stacked attack holds them."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
+    specs = [TensorSpec(key=f"{i}.weight", param=f"{i}.weight") for i in (0, 2)]
+    groups, tokens = 3, 5
+    x = torch.randn(groups, tokens, 64)
+    targets = []
+    for weight in (layers[0].weight, layers[2].weight):
+        received = torch.stack(
+            [torch.autograd.grad(layers(torch.randn(1, 6, 64)).sum(), weight)[0] for _ in x]
+        )
+        targets.append(received + noise * received.std() * torch.randn_like(received))
+    ghost = GhostStatistics(layers, specs, targets, per_group=True)
+    inner, norm = ghost.statistics(lambda: layers(x).pow(2).mean(), rows=groups, groups=groups)
+    ((_, group),) = ghost.linear_groups
+    assert len(group.operands) == (2 if noise == 0 else 1)
+    for g in range(groups):
+        params = [layers[0].weight, layers[2].weight]
+        grads = torch.autograd.grad(layers(x[g : g + 1]).pow(2).mean(), params)
+        expected = [(d * t[g]).sum() for d, t in zip(grads, targets, strict=True)]
+        assert torch.allclose(inner[g], torch.stack(expected), rtol=1e-5, atol=1e-7)
+        assert torch.allclose(norm[g], torch.stack([d.pow(2).sum() for d in grads]), rtol=1e-5)

@@ -97,11 +97,11 @@ class _LinearWeight(_Rule):
                 self.in_slice = cut
         self.transposed = transposed
 
-    @cached_property
+    @property
     def mapping(self) -> torch.Tensor:
-        """The target as a map from inputs to outputs, ``[G, in, out]``: X @ mapping is
-        ``[n, out]`` (made when statistics first need it: a copy of the target)."""
-        return (self.target if self.transposed else self.target.mT).contiguous()
+        """The target as a map from inputs to outputs, ``[G, in, out]`` (a view): X @ mapping
+        is ``[n, out]``."""
+        return self.target if self.transposed else self.target.mT
 
     def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
         x = _rows(capture.input, groups)[..., self.in_slice]
@@ -120,6 +120,69 @@ class _Bias(_Rule):
         return _rows(grad_out, groups)[..., self.cut].sum(1)
 
 
+# A target replaced by a low-rank factorization may differ from the received one by this share
+# of its Frobenius norm: ten times float32 rounding of the target itself.
+LOW_RANK_TOLERANCE = 1e-6
+_FIRST_RANK = 16  # the first range probed; doubled while the remainder is larger
+
+
+def _factor(matrix: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``matrix`` (``[in, out]``) as ``left @ right^T`` of the smallest rank (at most
+    ``most``) that keeps all but ``LOW_RANK_TOLERANCE`` of its norm, else None.
+
+    A randomized range finder (Halko, Martinsson & Tropp 2011): the span of ``matrix`` times a
+    few random vectors, widened until the part of ``matrix`` outside it is measured below the
+    tolerance; then an SVD of the small projected matrix orders the span's directions and drops
+    those the tolerance allows. A full SVD of every target took seconds an input."""
+    width_in, width_out = matrix.shape
+    total = torch.linalg.matrix_norm(matrix).double()
+    allowed = (LOW_RANK_TOLERANCE * total) ** 2
+    generator = torch.Generator(matrix.device).manual_seed(0)
+    rank = min(_FIRST_RANK, most)
+    while True:
+        probe = torch.randn(width_out, rank, generator=generator, device=matrix.device)
+        basis = torch.linalg.qr(matrix @ probe.to(matrix.dtype)).Q  # [in, rank]
+        projected = basis.mT @ matrix  # [rank, out]
+        outside = torch.linalg.matrix_norm(matrix - basis @ projected).double() ** 2
+        if outside <= allowed:
+            break
+        if rank == most:
+            return None
+        rank = min(2 * rank, most)
+    u, s, vh = torch.linalg.svd(projected.double(), full_matrices=False)
+    tail = s.pow(2).flip(0).cumsum(0).flip(0)  # tail[j]: the energy from direction j on
+    keep = max(int((tail > allowed - outside).sum()), 1)
+    left = basis @ (u[:, :keep] * s[:keep]).to(matrix.dtype)
+    return left, vh[:keep].mT.to(matrix.dtype)
+
+
+def _factored(mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``mapping`` (``[K, G, in, out]``) as ``left @ right^T`` (``[K, G, in, r]`` and
+    ``[K, G, out, r]``), or None where that would not save work.
+
+    A weight's gradient is a sum of one outer product per token, ``G = D^T X``, so a received
+    gradient of ``n`` tokens has rank ``n`` (up to rounding): a dozen for one CoLA sentence
+    against 384 or 1536 columns. ``X @ mapping`` then costs ``n r (in + out)`` instead of
+    ``n in out``, and each step reads two thin factors instead of the whole target (the
+    target's reads bound a stacked step: MEASURED.md, Stacked optimization). A noised, pruned
+    or many-token target has no such rank and keeps the dense product."""
+    width_in, width_out = mapping.shape[-2:]
+    most = width_in * width_out // (2 * (width_in + width_out))
+    factors = []
+    for matrix in mapping.flatten(0, 1):
+        pair = _factor(matrix, most)
+        if pair is None:
+            return None
+        factors.append(pair)
+    rank = max(left.shape[1] for left, _ in factors)
+    shape = (*mapping.shape[:2], -1, rank)
+    left, right = (
+        torch.stack([F.pad(m, (0, rank - m.shape[1])) for m in side]).view(shape)
+        for side in zip(*factors, strict=True)
+    )
+    return left, right
+
+
 class _LinearGroup:
     """Linear weights of one shape (q/k/v/o of every layer, say), their statistics computed
     as one batched product. Each small product pays dispatch and autograd overhead, forward
@@ -127,14 +190,26 @@ class _LinearGroup:
 
     def __init__(self, rules: list[_LinearWeight]) -> None:
         self.rules = rules
-        # Stacked mappings of a subset of the rules (a pooler reads fewer tokens than the
-        # rest), kept: the split is the same every step and the copy is megabytes.
-        self._subsets: dict[tuple[int, ...], torch.Tensor] = {}
+        # The target operands of a subset of the rules (a pooler reads fewer tokens than the
+        # rest), kept: the split is the same every step and a copy is megabytes.
+        self._subsets: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
 
     @cached_property
-    def mapping(self) -> torch.Tensor:
-        """The rules' mappings stacked, ``[K, G, in, out]``."""
-        return torch.stack([r.mapping for r in self.rules])
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        """The rules' targets as maps from inputs to outputs, stacked: ``(left, right)``
+        factors where the targets have low rank (:func:`_factored`), else ``(mapping,)``,
+        ``[K, G, in, out]``."""
+        mapping = torch.stack([r.mapping for r in self.rules])
+        factors = _factored(mapping)
+        return (mapping,) if factors is None else factors
+
+    def _operands_of(self, members: list[int]) -> tuple[torch.Tensor, ...]:
+        if len(members) == len(self.rules):
+            return self.operands
+        key = tuple(members)
+        if key not in self._subsets:
+            self._subsets[key] = tuple(o[members] for o in self.operands)
+        return self._subsets[key]
 
     def statistics(
         self, captures: list[Capture], grads: list[torch.Tensor], groups: int
@@ -152,29 +227,36 @@ class _LinearGroup:
         for k, inputs in enumerate(x):
             by_tokens.setdefault(inputs.shape[1], []).append(k)
         out: list[Statistics | None] = [None] * len(self.rules)
-        width_in, width_out = self.mapping.shape[-2:]
+        width_in, width_out = self.rules[0].mapping.shape[-2:]
         for tokens, members in by_tokens.items():
             if tokens * tokens > width_in * width_out:
                 continue
             xs = torch.stack([x[k] for k in members])  # [K, groups, n, in]
             ds = torch.stack([d[k] for k in members])  # [K, groups, n, out]
-            mapping = self.mapping
-            if len(members) < len(self.rules):
-                key = tuple(members)
-                if key not in self._subsets:
-                    self._subsets[key] = self.mapping[members]
-                mapping = self._subsets[key]
-            if mapping.shape[1] == 1:
-                # All groups' rows against one [in, out] per rule: a [K, rows, in] product,
-                # not a broadcast over groups (which would copy the mapping once per group).
-                mapped = (xs.flatten(1, 2) @ mapping[:, 0]).view(ds.shape)
-            else:  # each group against its own target
-                mapped = xs @ mapping
-            inner = (ds * mapped).sum((2, 3))
+            inner = _mapped_inner(xs, ds, self._operands_of(members))
             norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
             for position, k in enumerate(members):
                 out[k] = (inner[position], norm[position])
         return out
+
+
+def _mapped_inner(
+    xs: torch.Tensor, ds: torch.Tensor, operands: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
+    """``sum(ds * (xs @ mapping))`` over rows and outputs, ``[K, groups]``, with the mapping
+    dense (``(mapping,)``) or factored (``(left, right)``), one per rule and group
+    (``[K, G, ...]``, ``G`` the groups or 1 for a target all groups share)."""
+    shared = operands[0].shape[1] == 1
+
+    def times(rows: torch.Tensor, operand: torch.Tensor) -> torch.Tensor:
+        if shared:  # all groups' rows against one operand per rule: no copy per group
+            return (rows.flatten(1, 2) @ operand[:, 0]).view(*rows.shape[:3], -1)
+        return rows @ operand
+
+    if len(operands) == 1:
+        return (ds * times(xs, operands[0])).sum((2, 3))
+    left, right = operands
+    return (times(xs, left) * times(ds, right)).sum((2, 3))
 
 
 def _normalized(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
