@@ -21,7 +21,11 @@ from gradleak.attacks.optimization import (
     OptimizationSettings,
     engine,
 )
-from gradleak.attacks.optimization.phases import discrete_round, start_embeddings
+from gradleak.attacks.optimization.phases import (
+    discrete_round,
+    scores_that_can_win,
+    start_embeddings,
+)
 from gradleak.attacks.prior import CausalLMPrior
 from gradleak.cli import app
 from gradleak.data import Example
@@ -324,6 +328,37 @@ def test_discrete_round_restores_the_order_a_prior_prefers(tiny_victim):
     discrete_round(attack.settings, ws, dummy, prior, torch.Generator().manual_seed(0), accepted)
     assert ws.ids(dummy.free)[0].tolist() == true_ids.tolist()
     assert sum(accepted.values()) == 1
+
+
+@pytest.mark.parametrize("spread", [1.0, 1e-6])
+def test_a_round_skips_only_candidates_whose_prior_term_cannot_win(tiny_victim, spread):
+    """Scoring by ascending prior term and skipping what the prior term alone rules out picks
+    the candidate that scoring all of them picks; with a prior that barely separates the
+    candidates nothing can be skipped."""
+    victim = tiny_victim("tiny-bert")
+    _, update, knowledge = scenario(victim)
+    ws = make_attack("lamp-cos", **TINY_LAMP).workspace(update, knowledge)
+    generator = torch.Generator().manual_seed(0)
+    free = torch.randn(*ws.fixed.shape, generator=generator)
+    slots = ws.free_positions[0].tolist()
+    perms = torch.unique(candidate_permutations(slots, free.shape[1], 60, generator), dim=0)
+    candidates = free.expand(len(perms), -1, -1, -1).clone()
+    candidates[:, 0] = free[0][perms]
+    prior_terms = spread * torch.rand(len(perms), generator=generator).double()
+    every = ws.score(candidates).double() + prior_terms
+    scored = []
+    score = ws.score
+    ws.score = lambda part: scored.append(len(part)) or score(part)
+    totals = scores_that_can_win(ws, candidates, prior_terms, current=3)
+    assert int(totals.argmin()) == int(every.argmin())
+    kept = totals.isfinite()
+    assert torch.allclose(totals[kept], every[kept], rtol=1e-5)
+    assert (prior_terms[~kept] > every.min()).all()
+    assert bool(kept[3])  # the current order is always scored
+    if spread == 1.0:
+        assert sum(scored) < len(perms) / 2
+    else:
+        assert sum(scored) == len(perms)
 
 
 # --- whole attacks -----------------------------------------------------------------------

@@ -93,12 +93,13 @@ def discrete_round(
             unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
             candidates = free.expand(len(unique), -1, -1, -1).clone()
             candidates[:, b] = free[b][unique]
-            score = ws.score(candidates).double()
-            if prior is not None:
+            if prior is None:
+                score = ws.score(candidates).double()
+            else:
                 cand_sums, cand_counts = prior.sentence_nll(ids[b][unique][:, slots].tolist())
                 other_sum, other_count = sums.sum() - sums[b], counts.sum() - counts[b]
                 lm = (cand_sums + other_sum) / (cand_counts + other_count).clamp(min=1)
-                score = score + s.alpha_lm * lm
+                score = scores_that_can_win(ws, candidates, s.alpha_lm * lm, int(inverse[0]))
             per_candidate = torch.nan_to_num(score, nan=float("inf"))[inverse]
             k = int(per_candidate.argmin())  # ties keep the first: the identity
             u = int(inverse[k])
@@ -109,3 +110,34 @@ def discrete_round(
             if prior is not None:
                 sums[b], counts[b] = cand_sums[u], cand_counts[u]
             accepted[transform_of(k)] += 1
+
+
+def scores_that_can_win(
+    ws: Workspace, candidates: torch.Tensor, prior_terms: torch.Tensor, current: int
+) -> torch.Tensor:
+    """Each candidate's matching loss plus its prior term, where it can still be the lowest;
+    ``inf`` where it cannot (``[C]``, float64).
+
+    The matching loss is a distance, never negative, so a candidate whose prior term alone
+    exceeds the lowest total found so far cannot win, and its matching loss (a forward and
+    backward pass of the victim) is not computed. Candidates are scored a group at a time in
+    ascending order of prior term, the ``current`` order first, so the bound tightens early.
+    The lowest total and its candidate are those of scoring every candidate, LAMP's rule: every
+    candidate left out scores above it. Measured on CoLA, the prior term separates
+    reorderings by tenths while the matching losses differ by hundredths: 80-95% are left out.
+    """
+    group = ws.chunk or 32
+    order = [current] + [
+        c for c in torch.argsort(prior_terms, stable=True).tolist() if c != current
+    ]
+    totals = torch.full_like(prior_terms, float("inf"))
+    lowest = float("inf")
+    for start in range(0, len(order), group):
+        chosen = [c for c in order[start : start + group] if prior_terms[c] <= lowest]
+        if not chosen:  # the rest come in ascending order: none can win
+            break
+        matching = ws.score(candidates[chosen]).double()
+        total = torch.nan_to_num(matching + prior_terms[chosen], nan=float("inf"))
+        totals[chosen] = total
+        lowest = min(lowest, float(total.min()))
+    return totals
