@@ -225,8 +225,11 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         """The most updates one stacked pass takes. A distance on materialized gradients (DLG,
         TAG, LAMP_L2+L1) walks every input's ten million entries whatever the stack, so its
         gain is the shared forward and backward alone and fades as the stack grows
-        (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16)."""
-        if problem.ws.matcher.distance.from_statistics is None:
+        (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16). That walk
+        bounds a CPU; a GPU's step costs the same from 1 to 32 stacked TAG updates (MEASURED),
+        so there the stack is not limited."""
+        on_cpu = problem.ws.embedding.device.type == "cpu"
+        if on_cpu and problem.ws.matcher.distance.from_statistics is None:
             return MATERIALIZED_STACK_LIMIT
         return 2**31
 
