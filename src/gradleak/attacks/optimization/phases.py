@@ -123,8 +123,9 @@ def scores_that_can_win(
     backward pass of the victim) is not computed. Candidates are scored a group at a time in
     ascending order of prior term, the ``current`` order first, so the bound tightens early.
     The lowest total and its candidate are those of scoring every candidate, LAMP's rule: every
-    candidate left out scores above it. Measured on CoLA, the prior term separates
-    reorderings by tenths while the matching losses differ by hundredths: 80-95% are left out.
+    candidate left out scores above it. On CoLA's first input the prior terms of a round's
+    reorderings spread by tenths and the matching losses by hundredths: 82-95% can be left out
+    (benchmarks/MEASURED.md).
     """
     group = ws.chunk or 32
     order = [current] + [
