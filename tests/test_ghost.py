@@ -7,12 +7,8 @@ import pytest
 import torch
 from conftest import encode
 
-from gradleak.attacks.ghost import (
-    LOW_RANK_TOLERANCE,
-    GhostStatistics,
-    GhostUnsupported,
-    _factor,
-)
+from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
+from gradleak.attacks.low_rank import LOW_RANK_TOLERANCE, factor
 from gradleak.attacks.objective import DISTANCES, GradientMatcher, cos_distance
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
@@ -132,12 +128,12 @@ def test_a_target_of_few_tokens_is_factored_at_its_rank():
     torch.manual_seed(0)
     tokens, width_in, width_out = 7, 96, 80
     received = torch.randn(tokens, width_out).T @ torch.randn(tokens, width_in)  # D^T X
-    left, right = _factor(received.T, most=32)
+    left, right = factor(received.T, most=32)
     assert left.shape == (width_in, tokens) and right.shape == (width_out, tokens)
     error = torch.linalg.matrix_norm(left @ right.T - received.T) / received.norm()
     assert error <= LOW_RANK_TOLERANCE
     noised = received + 1e-3 * received.abs().mean() * torch.randn_like(received)
-    assert _factor(noised.T, most=32) is None
+    assert factor(noised.T, most=32) is None
 
 
 @pytest.mark.parametrize("noise", [0.0, 1e-3])
