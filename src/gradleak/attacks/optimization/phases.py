@@ -34,7 +34,7 @@ def start_embeddings(
         # DLG/TAG: one draw, no scoring
         free = devices.randn(*shape, generator=generator, device=ws.embedding.device)
     else:
-        group = ws.chunk or 32
+        group = ws.group
 
         def scorer(labels):
             def score(candidates: torch.Tensor) -> torch.Tensor:
@@ -127,14 +127,15 @@ def scores_that_can_win(
     reorderings spread by tenths and the matching losses by hundredths: 82-95% can be left out
     (benchmarks/MEASURED.md).
     """
-    group = ws.chunk or 32
+    group = ws.group
     order = [current] + [
         c for c in torch.argsort(prior_terms, stable=True).tolist() if c != current
     ]
     totals = torch.full_like(prior_terms, float("inf"))
     lowest = float("inf")
+    terms = prior_terms.tolist()
     for start in range(0, len(order), group):
-        chosen = [c for c in order[start : start + group] if prior_terms[c] <= lowest]
+        chosen = [c for c in order[start : start + group] if terms[c] <= lowest]
         if not chosen:  # the rest come in ascending order: none can win
             break
         matching = ws.score(candidates[chosen]).double()

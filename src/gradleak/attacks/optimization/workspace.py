@@ -87,9 +87,15 @@ class Workspace:
         positions, the known token's one-hot at the template's."""
         return torch.where(self.free_mask, label_logits.softmax(dim=-1), self.known_targets)
 
+    @property
+    def group(self) -> int:
+        """Candidates handled together: the scoring chunk (one-by-one scoring still projects
+        and orders candidates in groups)."""
+        return self.chunk or 32
+
     def score(self, free: torch.Tensor) -> torch.Tensor:
         """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
-        group = self.chunk or 32  # one-by-one scoring still projects in groups
+        group = self.group
         out = []
         for start in range(0, free.shape[0], group):
             part = free[start : start + group]
