@@ -21,6 +21,7 @@ from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
+from gradleak.attacks.dager.joint import without
 from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
@@ -637,3 +638,36 @@ def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim
     assert chosen == [short_a.ids, long_.ids]  # 5 + 12 = 17
     unbounded = [ids for ids, _ in search.pick([short_a, short_b, long_], 2)]
     assert unbounded == [short_a.ids, short_b.ids]
+
+
+def test_the_sentences_the_search_missed_are_filled_jointly_around_the_found_ones(
+    tiny_victim, monkeypatch
+):
+    """One start per length finds one of the three sentences (all of one length); the joint
+    fill of the two the token count leaves, with the found sentence holding its tokens as a
+    fixed slot, passes both. Without it two are lost."""
+    examples = [
+        Example("the cat sat on the mat", label=1),
+        Example("the dog sat on a log", label=0),
+        Example("a cat ran to the door", label=1),
+    ]
+    settings = DagerSettings(encoder_starts=1)
+    victim = tiny_victim("tiny-bert")
+    decoded, result = attack(victim, Protocol(mode="eval"), examples, settings)
+    assert decoded == sorted(e.text for e in examples)
+    assert any("beside 1 found: 2 pass" in note for note in result.info["notes"])
+    monkeypatch.setattr(EncoderSearch, "complete", lambda *args, **kwargs: [])
+    decoded, _ = attack(victim, Protocol(mode="eval"), examples, settings)
+    assert decoded != sorted(e.text for e in examples)
+
+
+def test_without_leaves_each_option_as_often_as_the_other_slots_need():
+    """Positions 1-3 of two free sentences beside one taken: where the position's options
+    are as many as its slots, the taken token is gone; where fewer ("the" opening all
+    three, a shared "." ), the free ones still get them; positions the taken sentence does
+    not reach keep all their options."""
+    options = [[], [5], [6, 7, 8], [9, 10], [11, 12]]
+    taken = [[5, 7, 9]]
+    assert without(options, taken, [6, 6]) == [[], [5], [6, 8], [9, 10], [11, 12]]
+    assert without(options, taken, [5, 4]) == [[], [5], [6, 8], [10], [11, 12]]
+    assert options[2] == [6, 7, 8]  # the caller's lists are left alone

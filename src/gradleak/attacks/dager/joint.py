@@ -58,6 +58,30 @@ class JointSearch(DescentSearch):
                 self._score(slot)
         return slots
 
+    def complete(
+        self,
+        options: Sequence[Sequence[int]],
+        lengths: Sequence[int],
+        context: Mapping[int, torch.Tensor],
+        taken: Sequence[list[int]] = (),
+    ) -> list[Descent]:
+        """``fill`` beside the ``taken`` sentences (inner ids, found already), where layer 2
+        is a test (eval mode): the slots that pass join the taken ones and the others are
+        filled again, until all pass or a fill adds none. The taken sentences hold their
+        tokens as slots of the matching would (``without``), and fewer sentences share the
+        positions each time, which is what lets the rest settle."""
+        kept: list[Descent] = []
+        left = list(lengths)
+        taken = list(taken)
+        while True:
+            slots = self.fill(without(options, taken, left), left, context)
+            passed = [slot for slot in slots if self._passes(slot.distances)]
+            if not passed or len(passed) == len(slots):
+                return kept + slots
+            kept += passed
+            taken += [slot.ids for slot in passed]
+            left = [len(slot.ids) + 2 for slot in slots if not self._passes(slot.distances)]
+
     def _sweeps(self, slots: list[Descent], options: Sequence[Sequence[int]]) -> None:
         """Match every position again until no slot changes (at most ``encoder_sweeps``)."""
         longest = max(len(slot.ids) + 2 for slot in slots)
@@ -147,6 +171,30 @@ class JointSearch(DescentSearch):
                 slot.embeds[position] = table[token]
                 slot.distances = None
         return changed
+
+
+def without(
+    options: Sequence[Sequence[int]], taken: Sequence[list[int]], lengths: Sequence[int]
+) -> list[list[int]]:
+    """Per position, the ``options`` left to sentences of ``lengths`` (special tokens
+    included) beside the ``taken`` ones (inner ids), as the matching would share them with
+    the taken sentences as fixed slots: each option offered as often as the slots there need
+    (``ceil(slots / options)``, see ``_match``), one copy of each taken sentence's token
+    removed. A sentence found already would otherwise pull a fill back into its words, and
+    removing its tokens outright would take a word two sentences share ("the" opening both)."""
+    out = []
+    for position, choices in enumerate(options):
+        holders = [ids[position - 1] for ids in taken if 0 < position <= len(ids)]
+        if not holders or not choices:
+            out.append(list(choices))
+            continue
+        slots = len(holders) + sum(1 for length in lengths if position < length - 1)
+        pool = list(choices) * math.ceil(slots / len(choices))
+        for token in holders:
+            if token in pool:
+                pool.remove(token)
+        out.append(sorted(set(pool), key=list(choices).index) or list(choices))
+    return out
 
 
 def _swap_heads(one: torch.Tensor, two: torch.Tensor, cut: int) -> None:
