@@ -84,8 +84,8 @@ class EncoderSearch(DescentSearch):
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences: under dropout, where layer 2 only ranks,
         filled jointly when the sentence lengths are known or follow from the token count
-        (``joint``); otherwise found per length (``sentences``), the ones that search missed
-        filled jointly around those it found (``complete``), then ``pick``.
+        (``joint``); otherwise found per length, the ones that search misses filled jointly
+        around those it found (``sentences``), then ``pick``.
 
         In eval mode the per-length search checks every sentence exactly and is fast on
         short batches, so it goes first; the joint fill alone was slower there and no more
@@ -94,12 +94,11 @@ class EncoderSearch(DescentSearch):
         search misses, and the reverse."""
         frame = self._frame(candidates, tokenizer)
         if self.state.layer2_ranks_only:
-            layouts = self._layouts(frame, batch_size, lengths, tokens)
+            layouts = self._capped(self._layouts(frame, batch_size, lengths, tokens))
             batch = self.joint(frame, tokenizer, layouts) if layouts else []
             if batch:  # none when layer 1 has no [SEP] for a length the server knows
                 return [(c.ids, c.worst) for c in batch]
         found = self.sentences(frame, tokenizer, batch_size, lengths, tokens)
-        found += self.complete(frame, tokenizer, found, batch_size, lengths, tokens)
         return self.pick(found, batch_size, tokens)
 
     def sentences(
@@ -123,7 +122,17 @@ class EncoderSearch(DescentSearch):
         token count (layer 2's rank, when it counts them: see ``lengths.py``), decides
         whether a length has room for one more sentence beside those found. Without either,
         a length stops at its first sentence when the separator's positions are at least as
-        many as the batch's sentences (then each length holds one)."""
+        many as the batch's sentences (then each length holds one).
+
+        Where layer 2 is a test (eval mode) and the lengths are known or follow from the
+        token count, the sentences still missing are filled jointly beside the found ones
+        (``complete``): after a round of turns that found one, when the found ones leave
+        their lengths a single way to make up the count (always, when the server knows the
+        lengths), and at the end, if one was found, in each way when at most ``MAX_LAYOUTS``
+        remain. Each way is a fill of every missing sentence: with none found and several
+        ways (Rotten Tomatoes' third batch of 4, 35 candidate lengths) the search and six
+        fills had not ended after 35 minutes on a loaded core, and the fill with the true
+        lengths passed none of the four."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         inner, contexts = frame.inner, frame.contexts
         ends = [length - 1 for length in contexts]
@@ -142,6 +151,18 @@ class EncoderSearch(DescentSearch):
         found: list[Candidate] = []
         elsewhere: list[list[int]] = []  # the sentences that passed so far (inner tokens)
         limit = ROUND_STARTS
+        completed = None  # how many had passed at the last joint completion
+
+        def add(filled: list[Candidate]) -> None:
+            for candidate in filled:
+                found.append(candidate)
+                ids = candidate.ids[1:-1]
+                if self._passes(candidate.distances) and ids not in elsewhere:
+                    elsewhere.append(ids)
+                    for search in searches:
+                        if search.length == len(candidate.ids):
+                            search.passing.add(tuple(ids))
+
         while len(elsewhere) < batch_size and not all(search.stopped for search in searches):
             for search in searches:
                 if len(elsewhere) >= batch_size:
@@ -164,6 +185,12 @@ class EncoderSearch(DescentSearch):
                     if self._passes(distances) and tuple(ids) not in search.passing:
                         elsewhere.append(list(ids))
             limit *= 2
+            if elsewhere and completed != len(elsewhere):
+                completed = len(elsewhere)
+                add(self.complete(frame, tokenizer, elsewhere, batch_size, lengths, tokens, 1))
+        if completed != len(elsewhere):
+            most = MAX_LAYOUTS if elsewhere else 1
+            add(self.complete(frame, tokenizer, elsewhere, batch_size, lengths, tokens, most))
         for search in searches:
             if search.stopped is not None and search.stopped != "found":
                 self.state.notes.append(
@@ -196,7 +223,7 @@ class EncoderSearch(DescentSearch):
         found: Sequence[int] = (),
     ) -> list[tuple[int, ...]]:
         """The lengths the batch's sentences other than the ``found`` ones (their lengths)
-        may have: the server's, if it knows them, else each way (at most ``MAX_LAYOUTS``)
+        may have: the server's, if it knows them, else each way (at most ``MAX_LAYOUTS`` + 1)
         the candidate lengths make up the rest of the token count; none without either."""
         if lengths is not None:
             rest = list(lengths)
@@ -212,7 +239,10 @@ class EncoderSearch(DescentSearch):
         # Under dropout a [SEP] passes layer 1 only where a sentence ends: each candidate
         # length is some sentence's (the found ones' lengths may be the only ones of theirs).
         layouts = [] if found else budget.layouts(MAX_LAYOUTS + 1, every=True)
-        layouts = layouts or budget.layouts(MAX_LAYOUTS + 1)
+        return layouts or budget.layouts(MAX_LAYOUTS + 1)
+
+    def _capped(self, layouts: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The first ``MAX_LAYOUTS`` of ``layouts``, saying so when there were more."""
         if len(layouts) > MAX_LAYOUTS:
             self.state.notes.append(f"joint fill: the first {MAX_LAYOUTS} length layouts")
         return layouts[:MAX_LAYOUTS]
@@ -221,26 +251,23 @@ class EncoderSearch(DescentSearch):
         self,
         frame: Frame,
         tokenizer,
-        found: Sequence[Candidate],
+        taken: Sequence[list[int]],
         batch_size: int,
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
+        most: int = 1,
     ) -> list[Candidate]:
-        """Where layer 2 is a test (eval mode) and the per-length search passed fewer than
-        ``batch_size`` sentences: the rest filled jointly (``joint``), with the lengths the
-        found ones leave and without their tokens at their positions. None when the
-        lengths are neither known nor follow from the token count."""
-        if self.state.layer2_ranks_only:
+        """Where layer 2 is a test (eval mode), fewer than ``batch_size`` sentences passed
+        (``taken``, inner ids) and the lengths they leave can be made up in at most ``most``
+        ways (the server's lengths, or the candidate lengths that make up the rest of the
+        token count): the rest filled jointly (``joint``), the taken ones keeping their
+        tokens; none otherwise."""
+        if self.state.layer2_ranks_only or len(taken) >= batch_size:
             return []
-        exact: list[list[int]] = []
-        for candidate in found:
-            if self._passes(candidate.distances) and candidate.ids not in exact:
-                exact.append(candidate.ids)
-        if len(exact) >= batch_size:
+        layouts = self._layouts(frame, batch_size, lengths, tokens, [len(ids) + 2 for ids in taken])
+        if not layouts or len(layouts) > most:
             return []
-        layouts = self._layouts(frame, batch_size, lengths, tokens, [len(ids) for ids in exact])
-        taken = [ids[1:-1] for ids in exact]
-        return self.joint(frame, tokenizer, layouts, taken) if layouts else []
+        return self.joint(frame, tokenizer, layouts, taken)
 
     def joint(
         self,
