@@ -182,6 +182,20 @@ def test_ids_follow_the_matching() -> None:
     assert [p.token_accuracy for p in result.pairs] == pytest.approx([200 / 3, 100.0])
 
 
+@pytest.mark.parametrize("order", [0, 1])
+def test_where_rouge_ties_the_exact_prediction_is_paired(order: int) -> None:
+    # ROUGE ignores the final ".", so both predictions score 3 x 100 against CAT + "." and
+    # 0 against DOG: the pairings tie in ROUGE, and the exact one must be CAT's whatever the
+    # predictions' order (a DAGER batch returned a sentence and its variant without ".").
+    predictions = [CAT, CAT + "."] if order == 0 else [CAT + ".", CAT]
+    result = strict_scores(predictions, [CAT + ".", DOG])
+    assert result.pairs[0].prediction == CAT + "."
+    assert [p.exact_match for p in result.pairs] == [100.0, 0.0]
+    ids = [[1, 2, 3], [1, 2, 3, 4]] if order == 0 else [[1, 2, 3, 4], [1, 2, 3]]
+    result = strict_scores(predictions, [CAT + ".", DOG], (), ids, [[1, 2, 3, 4], [5, 6]])
+    assert [p.exact_match for p in result.pairs] == [100.0, 0.0]
+
+
 def test_token_accuracy_with_words_and_exact_match() -> None:
     # words lowercased and whitespace-split: "the cat" == "the cat"; "sat." != "sat" -> 2/3.
     result = strict_scores(["The  Cat sat."], ["the cat sat"])

@@ -36,6 +36,9 @@ from gradleak.errors import GradleakError
 ROUGE_KEYS: tuple[str, ...] = ("rouge1", "rouge2", "rougeL")
 STRICT_KEYS: tuple[str, ...] = (*ROUGE_KEYS, "token_accuracy", "exact_match")
 PAPER_KEYS: tuple[str, ...] = ROUGE_KEYS
+# Added to a pair's strict matching gain when the prediction is the reference exactly: far
+# below any ROUGE difference, it only decides between pairings whose ROUGE ties.
+EXACT_TIE_BREAK = 1e-9
 
 
 @lru_cache(maxsize=1)
@@ -219,9 +222,23 @@ def strict_scores(
     refs = [strip_special_tokens(r, special_tokens) for r in references]
 
     rouge = [[_rouge(p, r) for p in preds] for r in refs]
+
+    def exact(i: int, j: int) -> bool:
+        if prediction_ids is not None and reference_ids is not None:
+            return list(prediction_ids[j]) == list(reference_ids[i])
+        return _normalize(preds[j]) == _normalize(refs[i])
+
     assignment: dict[int, int] = {}
     if preds:
-        gain = np.array([[sum(cell.values()) for cell in row] for row in rouge], dtype=float)
+        # ROUGE ignores punctuation, so a prediction that only drops the final "." ties with
+        # the exact one; the exact one is paired where the ROUGE gains tie.
+        gain = np.array(
+            [
+                [sum(cell.values()) + EXACT_TIE_BREAK * exact(i, j) for j, cell in enumerate(row)]
+                for i, row in enumerate(rouge)
+            ],
+            dtype=float,
+        )
         rows, cols = linear_sum_assignment(gain, maximize=True)
         assignment = {int(r): int(c) for r, c in zip(rows, cols, strict=True)}
 
@@ -237,12 +254,11 @@ def strict_scores(
             if prediction_ids is not None and reference_ids is not None:
                 pid, rid = list(prediction_ids[j]), list(reference_ids[i])
                 scores["token_accuracy"] = _token_accuracy(pid, rid)
-                scores["exact_match"] = 100.0 if pid == rid else 0.0
             else:
                 scores["token_accuracy"] = _token_accuracy(
                     _normalize(pred).split(), _normalize(ref).split()
                 )
-                scores["exact_match"] = 100.0 if _normalize(pred) == _normalize(ref) else 0.0
+            scores["exact_match"] = 100.0 if exact(i, j) else 0.0
         pairs.append(
             TextPair(
                 reference_index=i, prediction_index=j, reference=ref, prediction=pred, **scores
