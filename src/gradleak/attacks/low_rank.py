@@ -27,7 +27,7 @@ def factor(matrix: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor]
     few random vectors, widened until the part of ``matrix`` outside it is measured below the
     tolerance; then an SVD of the small projected matrix orders the span's directions and drops
     those the tolerance allows. A full SVD of every target took seconds an input."""
-    width_in, width_out = matrix.shape
+    width_out = matrix.shape[1]
     total = torch.linalg.matrix_norm(matrix).double()
     allowed = (LOW_RANK_TOLERANCE * total) ** 2
     generator = torch.Generator(matrix.device).manual_seed(0)

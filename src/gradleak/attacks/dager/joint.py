@@ -75,12 +75,14 @@ class JointSearch(DescentSearch):
         taken = list(taken)
         while True:
             slots = self.fill(without(options, taken, left), left, context)
-            passed = [slot for slot in slots if self._passes(slot.distances)]
-            if not passed or len(passed) == len(slots):
+            passes = [self._passes(slot.distances) for slot in slots]
+            passed = [slot for slot, ok in zip(slots, passes, strict=True) if ok]
+            failed = [slot for slot, ok in zip(slots, passes, strict=True) if not ok]
+            if not passed or not failed:
                 return kept + slots
             kept += passed
             taken += [slot.ids for slot in passed]
-            left = [len(slot.ids) + 2 for slot in slots if not self._passes(slot.distances)]
+            left = [len(slot.ids) + 2 for slot in failed]
 
     def _sweeps(self, slots: list[Descent], options: Sequence[Sequence[int]]) -> None:
         """Match every position again until no slot changes (at most ``encoder_sweeps``)."""
