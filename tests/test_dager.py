@@ -321,6 +321,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "max_combinations": 100_000,
         "encoder_starts": 64,
         "encoder_sweeps": 8,
+        "peel": True,
         "chunk": 256,
         "max_sequences": 200_000,
         "dropout_check": "auto",
@@ -434,13 +435,14 @@ def test_encoder_separates_sentences_of_one_length_that_share_most_words(tiny_vi
 
 def test_encoder_start_budget_caps_the_search_and_says_so(tiny_victim):
     """One start per length cannot reach a sentence whose first token ranks behind another
-    sentence's: the record says the search was capped."""
+    sentence's: the record says the search was capped (the paper's search: taking found
+    sentences off the update lets one start each reach all three)."""
     examples = [
         Example("the cat sat on the mat", label=1),
         Example("the dog sat on a log", label=0),
         Example("a cat ran to the door", label=1),
     ]
-    settings = DagerSettings(encoder_starts=1)
+    settings = DagerSettings(encoder_starts=1, peel=False)
     _, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), examples, settings)
     assert result.info["capped"]
     assert any("budget spent" in note for note in result.info["notes"])
@@ -529,11 +531,12 @@ def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
     batch = encode(victim, examples)
     gm = GlobalModel.build(victim, Protocol(mode="eval"))
     knowledge = server_knowledge(gm, batch, known_lengths=True)
-    result = DagerAttack().reconstruct(update, knowledge, seed=0)
+    paper = DagerSettings(peel=False)  # one search, not one per sentence taken off
+    result = DagerAttack(paper).reconstruct(update, knowledge, seed=0)
     assert decode(victim, result) == sorted(e.text for e in examples)
     assert sorted(searched) == lengths
     searched.clear()
-    decoded, _ = attack(victim, Protocol(mode="eval"), examples)  # lengths unknown
+    decoded, _ = attack(victim, Protocol(mode="eval"), examples, paper)  # lengths unknown
     assert len(searched) > len(lengths)
 
 
@@ -579,14 +582,15 @@ def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_lengt
         return original(self, prefix, options, *args)
 
     monkeypatch.setattr(EncoderSearch, "_descend", spy)
-    decoded, result = attack(victim, Protocol(mode="eval"), examples)
+    paper = DagerSettings(peel=False)  # the one search over the whole batch's spans
+    decoded, result = attack(victim, Protocol(mode="eval"), examples, paper)
     assert decoded == sorted(e.text for e in examples)
     assert result.info["rank_layer2"] == sum(
         len(victim.tokenizer(e.text)["input_ids"]) for e in examples
     )
     assert max(starts) == 15 and starts.count(15) == 1  # nothing tried after the last one
     monkeypatch.setattr("gradleak.attacks.dager.attack._token_count", lambda *args: None)
-    decoded, _ = attack(victim, Protocol(mode="eval"), examples)
+    decoded, _ = attack(victim, Protocol(mode="eval"), examples, paper)
     assert decoded != sorted(e.text for e in examples)
 
 
@@ -651,7 +655,7 @@ def test_the_sentences_the_search_missed_are_filled_jointly_around_the_found_one
         Example("the dog sat on a log", label=0),
         Example("a cat ran to the door", label=1),
     ]
-    settings = DagerSettings(encoder_starts=1)
+    settings = DagerSettings(encoder_starts=1, peel=False)
     victim = tiny_victim("tiny-bert")
     decoded, result = attack(victim, Protocol(mode="eval"), examples, settings)
     assert decoded == sorted(e.text for e in examples)

@@ -183,14 +183,15 @@ def compute_update(
         raise ValueError("a per-sample defense draws its noise from a generator: pass one")
     torch.manual_seed(seed)
     if protocol.algorithm == "fedsgd":
-        # float32: the global model itself; float64: a float64 copy of it (same weights)
-        own = global_model.model if protocol.precision == "float32" else _client_copy(global_model)
-        with client_mode(own, protocol.mode) as model:
-            if private is None:
-                tensors = _gradient(global_model, model, batch)
-            else:
-                with private.attach(model, generator) as steps:
-                    tensors = _private_gradient(global_model, model, batch, steps)
+        if private is None:
+            tensors = fedsgd_gradient(global_model, batch)
+        else:
+            own = _client_model(global_model)
+            with (
+                client_mode(own, protocol.mode) as model,
+                private.attach(model, generator) as steps,
+            ):
+                tensors = _private_gradient(global_model, model, batch, steps)
         kind = "gradient"
     else:
         model = _client_copy(global_model)
@@ -208,6 +209,24 @@ def compute_update(
         kind = "weight_delta"
     metadata = update_metadata(global_model, batch.input_ids.shape[0])
     return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
+
+
+def fedsgd_gradient(global_model: GlobalModel, batch: EncodedBatch) -> dict[str, torch.Tensor]:
+    """The gradient a FedSGD client without a defense sends for ``batch``, in its mode and
+    precision. Deterministic in eval mode; in train mode the dropout masks follow torch's
+    global generator (``compute_update`` seeds it)."""
+    protocol = global_model.protocol
+    own = _client_model(global_model)
+    with torch.enable_grad(), client_mode(own, protocol.mode) as model:
+        return _gradient(global_model, model, batch)
+
+
+def _client_model(global_model: GlobalModel) -> nn.Module:
+    """What a FedSGD client differentiates: the global model itself in float32 (a gradient
+    changes no weight), a float64 copy of it in float64."""
+    if global_model.protocol.precision == "float32":
+        return global_model.model
+    return _client_copy(global_model)
 
 
 def _client_copy(global_model: GlobalModel) -> nn.Module:

@@ -43,6 +43,7 @@ from gradleak.attacks.dager.check import (
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.peel import peel, peelable, without
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
@@ -117,6 +118,8 @@ class DagerAttack(Attack[DagerSettings]):
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
                 found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
                 sentences = pick_distinct(found, knowledge.batch_size)
+            elif self.settings.peel and peelable(update, knowledge):
+                sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
             else:
                 search = EncoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 sentences = search.run(
@@ -142,6 +145,61 @@ class DagerAttack(Attack[DagerSettings]):
                 "rank_cut": rank_cut(plan, self.settings.rank_tol),
             },
         )
+
+    def _peeling(
+        self,
+        update: ClientUpdate,
+        knowledge: ServerKnowledge,
+        plan: DagerPlan,
+        hf: torch.nn.Module,
+        candidates: list[list[int]],
+        state: SearchState,
+    ) -> list[tuple[list[int], float | None]]:
+        """The encoder search on a plain FedSGD gradient: the sentences each round of turns
+        finds are taken off the update (``peel.py``), and the search starts again on the
+        spans of the rest, until one sentence is left or nothing more is found. A sentence
+        no label takes off ends the peeling: the search then runs whole on what is left."""
+        taken: list[tuple[list[int], float | None]] = []
+        tokenizer = knowledge.tokenizer
+
+        def layer2_rank(rest: ClientUpdate) -> int:
+            return layer_check(rest, knowledge, 1, self.settings).rank
+
+        while True:
+            search = EncoderSearch(
+                hf, knowledge.global_model.adapter, plan.layer2, self.settings, state
+            )
+            tokens = _token_count(plan.layer2, knowledge, state)
+            more = knowledge.batch_size > 1
+            found = search.run(
+                candidates, tokenizer, knowledge.batch_size, knowledge.lengths, tokens, more
+            )
+            if not more or not all(search.passes(score) for _, score in found):
+                return taken + found
+            if len(found) >= knowledge.batch_size:
+                return taken + found[: knowledge.batch_size]
+            for ids, score in found:
+                peeled = peel(update, knowledge, ids, layer2_rank)
+                if peeled is None:
+                    state.notes.append(
+                        "a found sentence did not come off the update under any label"
+                    )
+                    rest = search.run(
+                        candidates, tokenizer, knowledge.batch_size, knowledge.lengths, tokens
+                    )
+                    return taken + rest
+                update, label = peeled
+                knowledge = without(knowledge, ids, label)
+                taken.append((ids, score))
+            checked = self.check(update, knowledge)
+            if isinstance(checked, Refusal):  # fewer inputs than the span it came from had
+                raise RuntimeError(f"the update less its found sentences: {checked.reason}")
+            plan = checked
+            candidates = token_candidates(hf, knowledge, plan.layer1, self.settings, state)
+            state.notes.append(
+                f"took {len(taken)} sentences off the update: "
+                f"ranks {plan.layer1.rank}/{plan.layer2.rank}"
+            )
 
 
 def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:

@@ -81,8 +81,11 @@ class EncoderSearch(DescentSearch):
         batch_size: int,
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
+        until_found: bool = False,
     ) -> list[tuple[list[int], float | None]]:
-        """The batch's ``batch_size`` sentences: under dropout, where layer 2 only ranks,
+        """The batch's ``batch_size`` sentences (``until_found``: the first that passes, for
+        the caller to take it off the update and search the rest's spans, ``peel.py``; what
+        the search found when none does): under dropout, where layer 2 only ranks,
         filled jointly when the sentence lengths are known or follow from the token count
         (``joint``); otherwise found per length, the ones that search misses filled jointly
         around those it found (``sentences``), then ``pick``.
@@ -98,8 +101,17 @@ class EncoderSearch(DescentSearch):
             batch = self.joint(frame, tokenizer, layouts) if layouts else []
             if batch:  # none when layer 1 has no [SEP] for a length the server knows
                 return [(c.ids, c.worst) for c in batch]
-        found = self.sentences(frame, tokenizer, batch_size, lengths, tokens)
+        found = self.sentences(frame, tokenizer, batch_size, lengths, tokens, until_found)
+        passing = [c for c in found if self._passes(c.distances)]
+        if until_found and passing:
+            distinct = {tuple(c.ids): c for c in passing}.values()
+            return [(c.ids, c.worst) for c in distinct]
         return self.pick(found, batch_size, tokens)
+
+    def passes(self, score: float | None) -> bool:
+        """Whether a sentence ``run`` returned with ``score`` passed layer 2 at every
+        position."""
+        return score is not None and not self.state.layer2_ranks_only and score < self._cut()
 
     def sentences(
         self,
@@ -108,9 +120,10 @@ class EncoderSearch(DescentSearch):
         batch_size: int = 1,
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
+        until_found: bool = False,
     ) -> list[Candidate]:
         """Every sentence length ending in a separator, searched from its starts while it
-        may hold another of the batch's sentences.
+        may hold another of the batch's sentences (``until_found``: until one passes).
 
         The lengths take turns (shortest first), each trying starts up to a limit that
         doubles every round (``ROUND_STARTS`` first): a true first token ranks among the
@@ -184,6 +197,8 @@ class EncoderSearch(DescentSearch):
                     # this yield
                     if self._passes(distances) and tuple(ids) not in search.passing:
                         elsewhere.append(list(ids))
+                        if until_found:
+                            return found
             limit *= 2
             if elsewhere and completed != len(elsewhere):
                 completed = len(elsewhere)

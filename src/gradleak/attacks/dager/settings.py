@@ -37,6 +37,11 @@ class DagerSettings(AttackSettings):
         64, ge=1, description="encoder first tokens tried per length, each a descent"
     )
     encoder_sweeps: int = Field(8, ge=1, description="encoder sweeps over a sentence per start")
+    peel: bool = Field(
+        True,
+        description="encoders on a FedSGD classification gradient: take each sentence found "
+        "off the update (its own gradient) and search the rest's spans (not in the paper)",
+    )
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget in candidate sequences"

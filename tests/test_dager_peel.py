@@ -1,0 +1,113 @@
+"""DAGER on encoders: found sentences taken off a FedSGD gradient (``dager/peel.py``)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import encode
+
+from gradleak.attacks.dager import DagerAttack, DagerSettings
+from gradleak.attacks.dager.check import layer_check
+from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.peel import peel, peelable, without
+from gradleak.data import Example
+from gradleak.federated.client import ClientUpdate, GlobalModel, compute_update
+from gradleak.federated.protocol import Protocol
+from gradleak.federated.server import server_knowledge
+
+THREE = [
+    Example("the cat sat on the mat", label=1),
+    Example("the dog sat on a log", label=0),
+    Example("a cat ran to the door", label=1),
+]
+
+
+def round_of(victim, examples, protocol=None, **known):
+    """The client's update on ``examples`` and the server's view of it."""
+    gm = GlobalModel.build(victim, protocol or Protocol(mode="eval"))
+    batch = encode(victim, examples)
+    update = compute_update(gm, batch, seed=0)
+    return update, server_knowledge(gm, batch, **known)
+
+
+def rank_of(knowledge):
+    return lambda update: layer_check(update, knowledge, 1, DagerSettings()).rank
+
+
+def test_the_update_less_a_sentence_is_the_rest_of_the_batch(tiny_victim):
+    """Three sentences' gradient less the first one's third (its label found by the rank
+    drop) is two thirds of the gradient of the other two alone."""
+    victim = tiny_victim("tiny-bert")
+    update, knowledge = round_of(victim, THREE, known_labels=False, known_lengths=False)
+    ids = victim.tokenizer(THREE[0].text)["input_ids"]
+    peeled = peel(update, knowledge, ids, rank_of(knowledge))
+    assert peeled is not None
+    rest, label = peeled
+    assert label == 1
+    alone, _ = round_of(victim, THREE[1:])
+    norm = torch.linalg.vector_norm
+    # float32 rounding, relative to the tensor or, for the key bias (its true gradient is 0:
+    # softmax ignores it), to the largest gradient
+    floor = 1e-6 * max(float(norm(t)) for t in alone.tensors.values())
+    for key, value in rest.tensors.items():
+        expected = alone.tensors[key] * 2 / 3
+        assert norm(value - expected) <= 1e-5 * norm(expected) + floor, key
+
+
+def test_a_sentence_not_in_the_batch_comes_off_under_no_label(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    update, knowledge = round_of(victim, THREE, known_labels=False)
+    ids = victim.tokenizer("the mat sat on the cat")["input_ids"]
+    assert peel(update, knowledge, ids, rank_of(knowledge)) is None
+
+
+def test_the_servers_view_loses_one_sentence_of_that_length_and_label(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    examples = [*THREE[:2], Example("a dog ran home", label=0)]
+    _, knowledge = round_of(victim, examples)
+    ids = victim.tokenizer(examples[2].text)["input_ids"]
+    rest = without(knowledge, ids, 0)
+    assert rest.batch_size == 2
+    assert rest.lengths == knowledge.lengths[:2]
+    assert rest.template_ids.shape[0] == 2
+    assert rest.labels["label"].tolist() == [1, 0]
+
+
+def test_only_a_plain_fedsgd_classification_gradient_is_peeled(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    assert peelable(*round_of(victim, THREE))
+    assert peelable(*round_of(victim, THREE, Protocol(mode="train", dropout=0.0)))
+    assert not peelable(*round_of(victim, THREE, Protocol(mode="train", dropout=0.1)))
+    assert not peelable(*round_of(victim, THREE, Protocol(algorithm="fedavg", mode="eval")))
+    assert not peelable(*round_of(victim, THREE[:1]))
+
+
+def test_taking_found_sentences_off_recovers_what_one_start_each_missed(tiny_victim, monkeypatch):
+    """One start per length, no joint completion: the one search over the whole batch's
+    spans finds one of the three sentences; taking each found one off the update lets the
+    search find the others in the spans of the rest."""
+    monkeypatch.setattr(EncoderSearch, "complete", lambda *args, **kwargs: [])
+    victim = tiny_victim("tiny-bert")
+    update, knowledge = round_of(victim, THREE, known_labels=False, known_lengths=False)
+    texts = sorted(e.text for e in THREE)
+
+    def decoded(settings):
+        result = DagerAttack(settings).reconstruct(update, knowledge, seed=0)
+        found = [victim.tokenizer.decode(i, skip_special_tokens=True) for i in result.token_ids]
+        return sorted(found), result.info["notes"]
+
+    peeling, notes = decoded(DagerSettings(encoder_starts=1))
+    assert peeling == texts
+    assert any(note.startswith("took 2 sentences off the update") for note in notes)
+    paper, _ = decoded(DagerSettings(encoder_starts=1, peel=False))
+    assert paper != texts
+
+
+def test_a_float64_client_is_peeled_in_its_own_precision(tiny_victim):
+    victim = tiny_victim("tiny-bert")
+    protocol = Protocol(mode="eval", precision="float64")
+    update, knowledge = round_of(victim, THREE, protocol, known_labels=False)
+    assert next(iter(update.tensors.values())).dtype == torch.float64
+    ids = victim.tokenizer(THREE[1].text)["input_ids"]
+    peeled = peel(update, knowledge, ids, rank_of(knowledge))
+    assert peeled is not None and peeled[1] == 0
+    assert isinstance(peeled[0], ClientUpdate)
