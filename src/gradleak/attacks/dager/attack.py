@@ -8,7 +8,9 @@
    last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix
    only, ``decoder.py``); encoders fill each sentence length by coordinate descent on layer
    2's distances from each possible first token and keep the sentences whose layer-2 inputs
-   all lie in the span (``encoder.py``).
+   all lie in the span (``encoder.py``). On a plain FedSGD gradient each sentence an encoder
+   search finds is taken off the update and the search goes on over the rest's spans
+   (``peel.py``, an extension of the paper).
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
 local steps' gradients, and the scale does not matter for a span. A local step on another
@@ -43,7 +45,7 @@ from gradleak.attacks.dager.check import (
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.encoder import EncoderSearch
-from gradleak.attacks.dager.peel import peel, peelable, without
+from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
@@ -195,10 +197,10 @@ class DagerAttack(Attack[DagerSettings]):
             if isinstance(checked, Refusal):  # fewer inputs than the span it came from had
                 raise RuntimeError(f"the update less its found sentences: {checked.reason}")
             plan = checked
-            candidates = token_candidates(hf, knowledge, plan.layer1, self.settings, state)
+            candidates = rest_tokens(hf, knowledge.global_model.adapter, candidates, plan.layer1)
             state.notes.append(
-                f"took {len(taken)} sentences off the update: "
-                f"ranks {plan.layer1.rank}/{plan.layer2.rank}"
+                f"took {len(taken)} sentences off the update: ranks {plan.layer1.rank}/"
+                f"{plan.layer2.rank}, layer-1 tokens per position {[len(t) for t in candidates]}"
             )
 
 

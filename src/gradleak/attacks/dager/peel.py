@@ -15,6 +15,15 @@ a [SEP]; the search found the 30-token sentence and no other in 570 s. With that
 taken off, 1 to 4 tokens passed per position (29 at three), 5 lengths had a [SEP], and the
 search found two of the other three in 27 s.
 
+The remainder's layer-1 span is the noisy one: the client's float32 rounding of the whole
+gradient stays in it while the signal shrinks to the rest's (same batch, the 25-token
+sentence taken off: the rest's weakest direction at 1.5e-5 of the largest, the rounding at
+9e-7; layer 2's drop stays clean, 5.8e-4 to 2.2e-7). Recomputed from that span, the token
+check cut true tokens (their distances 1e-7 to 3e-4) and the search found nothing more. So
+the tokens are not checked afresh: of those the whole update's span passed, a position keeps
+the ones within ``REST_TOKEN_CUT`` of the remainder's span (there: every true token, and
+none of the 24 only the removed sentence had, those at 2.2e-3 or more).
+
 The label is the class whose remainder's layer-2 rank falls by the sentence's length (the
 wrong class leaves the sentence's inputs in, with other weights: 5e-3 of the largest
 singular value against 2e-7 on that batch). When no class does, nothing is taken off: the
@@ -28,9 +37,15 @@ from dataclasses import replace
 
 import torch
 
+from gradleak.attacks.dager.check import LayerCheck
 from gradleak.federated.client import ClientUpdate, fedsgd_gradient
 from gradleak.federated.server import ServerKnowledge
+from gradleak.models.adapters import ModelAdapter
 from gradleak.models.tasks import EncodedBatch, unwrap
+
+# A token the whole update's layer 1 passed stays a candidate at its position while its
+# distance to the remainder's layer-1 span is under this (see the module's docstring).
+REST_TOKEN_CUT = 1e-3
 
 
 def peelable(update: ClientUpdate, knowledge: ServerKnowledge) -> bool:
@@ -122,3 +137,24 @@ def without(knowledge: ServerKnowledge, ids: Sequence[int], label: int) -> Serve
         token_type_ids=types,
         labels=labels,
     )
+
+
+def rest_tokens(
+    hf: torch.nn.Module,
+    adapter: ModelAdapter,
+    candidates: list[list[int]],
+    layer1: LayerCheck,
+) -> list[list[int]]:
+    """Per position, the ``candidates`` (the whole update's layer-1 tokens) that lie within
+    ``REST_TOKEN_CUT`` of ``layer1``, the remainder's span; the positions end at the first
+    with none (no sentence left reaches it)."""
+    table = adapter.token_embedding(hf).weight
+    kept: list[list[int]] = []
+    for position, options in enumerate(candidates):
+        at = torch.tensor(position, device=table.device)
+        distances = layer1.distance(adapter.first_layer_input(hf, table[options], at))
+        near = [t for t, d in zip(options, distances.tolist(), strict=True) if d < REST_TOKEN_CUT]
+        if not near:
+            break
+        kept.append(near)
+    return kept
