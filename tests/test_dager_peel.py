@@ -181,3 +181,24 @@ def test_minilm_rotten_tomatoes_batch_comes_off_sentence_by_sentence(data_dir):
     assert all_there(kept) and not all_there(rechecked)
     result = DagerAttack().reconstruct(update, knowledge, seed=0)
     assert sorted(result.token_ids) == sorted(rows)
+
+
+def test_an_update_whose_rank_counts_no_tokens_is_searched_once(tiny_victim, monkeypatch):
+    """LoRA's adapter space caps layer 2's rank at the adapter's: no drop can confirm a
+    sentence taken off, so the search runs once over the whole update."""
+    runs = []
+    original = EncoderSearch.run
+
+    def spy(self, *args, **kwargs):
+        runs.append(kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EncoderSearch, "run", spy)
+    protocol = Protocol(mode="eval", lora={"rank": 32, "roles": ("q", "k", "v")})
+    update, knowledge = round_of(tiny_victim("tiny-bert"), THREE[:2], protocol)
+    assert peelable(update, knowledge)
+    DagerAttack().reconstruct(update, knowledge, seed=0)
+    assert len(runs) == 1
+    update, knowledge = round_of(tiny_victim("tiny-bert"), THREE[:2])
+    DagerAttack().reconstruct(update, knowledge, seed=0)
+    assert len(runs) == 3  # the plain gradient: one sentence found, taken off, then the other

@@ -115,12 +115,15 @@ class DagerAttack(Attack[DagerSettings]):
                     f"{layer1.drift:.1e} / {layer2.drift:.1e} (layers 1 / 2)"
                 )
                 del end
+            # Taking a sentence off is checked by the drop of layer 2's rank: it must count
+            # the batch's tokens (not so in LoRA's adapter space, or under a defense).
+            exact_count = _token_count(plan.layer2, knowledge, state) is not None
             if gm.adapter.is_decoder:
                 search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
                 found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
                 sentences = pick_distinct(found, knowledge.batch_size)
-            elif self.settings.peel and peelable(update, knowledge):
+            elif self.settings.peel and peelable(update, knowledge) and exact_count:
                 sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
             else:
                 search = EncoderSearch(hf, gm.adapter, layer2, self.settings, state)
