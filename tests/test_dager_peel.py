@@ -202,3 +202,23 @@ def test_an_update_whose_rank_counts_no_tokens_is_searched_once(tiny_victim, mon
     update, knowledge = round_of(tiny_victim("tiny-bert"), THREE[:2])
     DagerAttack().reconstruct(update, knowledge, seed=0)
     assert len(runs) == 3  # the plain gradient: one sentence found, taken off, then the other
+
+
+@pytest.mark.slow
+def test_minilm_true_tokens_along_the_spans_weakest_direction_pass(data_dir):
+    """Rotten Tomatoes' tenth batch of four: at position 20 two of the three true tokens
+    lie at 2.7e-6 and 6.1e-6 of layer 1's span (along its weakest direction), the third at
+    1e-7, the nearest other token at 1.1e-4: the cut at the largest gap dropped the two;
+    floored at ``TOKEN_FLOOR`` it keeps all three, and nothing else joins them there. (At
+    position 10 a true token lies at 1.1e-4 among others at 1.8e-4: no cut keeps it alone.)"""
+    batch = sample_batches(load_examples("rotten_tomatoes", data_dir), 10, 4)[9]
+    victim = load_victim("minilm")
+    update, knowledge = round_of(victim, batch, known_labels=False, known_lengths=False)
+    hf = knowledge.global_model.copy_model().eval()
+    settings = DagerSettings()
+    with torch.no_grad():
+        layer1 = layer_check(update, knowledge, 0, settings)
+        candidates = token_candidates(hf, knowledge, layer1, settings, SearchState())
+    rows = [victim.tokenizer(e.text)["input_ids"] for e in batch]
+    at_20 = {ids[20] for ids in rows if len(ids) > 20}
+    assert len(at_20) == 3 and set(candidates[20]) == at_20
