@@ -202,7 +202,8 @@ class DagerAttack(Attack[DagerSettings]):
             plan = checked
             candidates = rest_tokens(hf, knowledge.global_model.adapter, candidates, plan.layer1)
             state.notes.append(
-                f"took {len(taken)} sentences off the update: ranks {plan.layer1.rank}/"
+                f"took {len(taken)} sentence{'s' if len(taken) > 1 else ''} off the update: "
+                f"ranks {plan.layer1.rank}/"
                 f"{plan.layer2.rank}, layer-1 tokens per position {[len(t) for t in candidates]}"
             )
 
