@@ -160,10 +160,10 @@ class DagerAttack(Attack[DagerSettings]):
         candidates: list[list[int]],
         state: SearchState,
     ) -> list[tuple[list[int], float | None]]:
-        """The encoder search on a plain FedSGD gradient: the sentences each round of turns
-        finds are taken off the update (``peel.py``), and the search starts again on the
-        spans of the rest, until one sentence is left or nothing more is found. A sentence
-        no label takes off ends the peeling: the search then runs whole on what is left."""
+        """The encoder search on a plain FedSGD gradient: each sentence it finds is taken
+        off the update (``peel.py``) and the search starts again on the spans of the rest,
+        until one sentence is left or nothing more passes. A sentence no label takes off
+        ends the peeling: the search then runs whole on what is left."""
         taken: list[tuple[list[int], float | None]] = []
         tokenizer = knowledge.tokenizer
 
@@ -179,7 +179,7 @@ class DagerAttack(Attack[DagerSettings]):
             found = search.run(
                 candidates, tokenizer, knowledge.batch_size, knowledge.lengths, tokens, more
             )
-            if not more or not all(search.passes(score) for _, score in found):
+            if not more or not found or not all(search.passes(score) for _, score in found):
                 return taken + found
             if len(found) >= knowledge.batch_size:
                 return taken + found[: knowledge.batch_size]

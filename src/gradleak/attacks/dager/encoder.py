@@ -102,10 +102,10 @@ class EncoderSearch(DescentSearch):
             if batch:  # none when layer 1 has no [SEP] for a length the server knows
                 return [(c.ids, c.worst) for c in batch]
         found = self.sentences(frame, tokenizer, batch_size, lengths, tokens, until_found)
-        passing = [c for c in found if self._passes(c.distances)]
-        if until_found and passing:
-            distinct = {tuple(c.ids): c for c in passing}.values()
-            return [(c.ids, c.worst) for c in distinct]
+        if until_found:
+            passing = {tuple(c.ids): c for c in found if self._passes(c.distances)}
+            if passing:
+                return [(c.ids, c.worst) for c in passing.values()]
         return self.pick(found, batch_size, tokens)
 
     def passes(self, score: float | None) -> bool:
