@@ -73,15 +73,17 @@ def classes(knowledge: ServerKnowledge) -> list[int]:
     return list(range(int(unwrap(knowledge.global_model.model).config.num_labels)))
 
 
-def sentence_batch(ids: Sequence[int], label: int, device: torch.device) -> EncodedBatch:
+def sentence_batch(
+    ids: Sequence[int], label: int, device: torch.device, segments: bool = True
+) -> EncodedBatch:
     """One sentence (its tokens, the tokenizer's markers included) as a client encodes it,
-    with ``label``: a single segment, nothing padded."""
+    with ``label``: nothing padded, one segment where the tokenizer gives segment ids."""
     input_ids = torch.tensor([list(ids)], device=device)
     return EncodedBatch(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
         labels={"label": torch.tensor([label], device=device)},
-        token_type_ids=torch.zeros_like(input_ids),
+        token_type_ids=torch.zeros_like(input_ids) if segments else None,
     )
 
 
@@ -99,8 +101,9 @@ def peel(
     gm = knowledge.global_model
     share = 1.0 / (update.metadata.get("n_samples") or knowledge.batch_size)
     rank = layer2_rank(update)
+    segments = "token_type_ids" in knowledge.tokenizer.model_input_names
     for label in classes(knowledge):
-        gradient = fedsgd_gradient(gm, sentence_batch(ids, label, gm.device))
+        gradient = fedsgd_gradient(gm, sentence_batch(ids, label, gm.device, segments))
         tensors = {
             key: value - share * gradient[key].to(value.dtype)
             for key, value in update.tensors.items()
