@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import encode
@@ -18,7 +20,7 @@ from gradleak.attacks.dager import (
 from gradleak.attacks.dager import attack as dager_attack_module
 from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
-from gradleak.attacks.dager.decoder import _anchored
+from gradleak.attacks.dager.decoder import DecoderSearch, _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
 from gradleak.attacks.dager.joint import without
@@ -492,6 +494,21 @@ def test_ended_sentences_take_no_lone_spurious_extension():
     # True trials near the level still pass with the anchor.
     mixed = torch.cat([torch.tensor([1e-7, 9e-7], dtype=torch.float64), trials])
     assert gap_threshold(_anchored(mixed, 6e-7), 1e-2, max_accept=8) > 9e-7
+
+
+def test_a_noisy_layer_2_keeps_a_clear_gap_and_counts_only_without_one():
+    """Under a span cut at a rounding floor, true prefixes may lie only near it: with no clear
+    gap the batch's count of nearest trials passes. A clear gap decides: three live sentences
+    of a batch of four (one has ended) at 1e-7, every other trial from 2e-3; forcing the count
+    (the cut before) kept a false prefix at every position and the beam ran to the budget."""
+    noisy = SimpleNamespace(noisy=True, drift=0.0)
+    search = DecoderSearch(None, None, noisy, DagerSettings(), SearchState())
+    gap = torch.tensor([1e-7, 3e-7, 5e-7] + [2e-3 * 1.1**i for i in range(20)], dtype=torch.float64)
+    cut = search._cut(gap, width=3, level=None, batch_size=4)
+    assert int((gap < cut).sum()) == 3
+    spread = torch.logspace(-1.8, -1.0, 20, dtype=torch.float64)  # nothing under 1e-2
+    cut = search._cut(spread, width=3, level=None, batch_size=4)
+    assert int((spread < cut).sum()) == 4
 
 
 @pytest.mark.parametrize("relative", [1e-6, 1e-4, 1e-3])
