@@ -3,7 +3,8 @@
 1. Span bases of layer 1's and layer 2's q/k/v weight gradients (``check.py``, ``span.py``).
 2. Token recovery: every vocabulary token whose first-layer input (embedding, position for
    absolute-position models, the first norm) lies in layer 1's span, per position
-   (``tokens.py``).
+   (``tokens.py``); where the update moved token-embedding rows exactly, only those tokens
+   (the batch's token set, ``embedding.py``, an extension of the paper).
 3. Sequence recovery: decoders extend prefixes token by token and keep a prefix only if its
    last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix
    only, ``decoder.py``); encoders fill each sentence length by coordinate descent on layer
@@ -44,6 +45,7 @@ from gradleak.attacks.dager.check import (
 )
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
+from gradleak.attacks.dager.embedding import moved_tokens
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.search import SearchState, pick_distinct
@@ -106,7 +108,8 @@ class DagerAttack(Attack[DagerSettings]):
             end = end_model(update, knowledge) if several_steps(update) else None
             if end is not None:
                 layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))
-            candidates = token_candidates(hf, knowledge, layer1, self.settings, state)
+            within = moved_tokens(update, knowledge) if self.settings.embedding_rows else None
+            candidates = token_candidates(hf, knowledge, layer1, self.settings, state, within)
             if end is not None:
                 batch_tokens = sorted({t for options in candidates for t in options})
                 layer2 = replace(layer2, drift=layer2_drift(hf, end, gm.adapter, batch_tokens))

@@ -42,6 +42,11 @@ class DagerSettings(AttackSettings):
         description="encoders on a FedSGD classification gradient: take each sentence found "
         "off the update (its own gradient) and search the rest's spans (not in the paper)",
     )
+    embedding_rows: bool = Field(
+        True,
+        description="where the update carries exact token-embedding rows, only the tokens "
+        "whose row moved pass layer 1 (the batch's token set; not in the paper)",
+    )
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget in candidate sequences"

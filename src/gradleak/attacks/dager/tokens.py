@@ -34,10 +34,12 @@ def token_candidates(
     layer1: LayerCheck,
     settings: DagerSettings,
     state: SearchState,
+    within: set[int] | None = None,
 ) -> list[list[int]]:
     """Per position, the tokens whose first-layer input passes layer 1's span check.
 
-    Rotary models have one position-free set (returned as a single list)."""
+    Rotary models have one position-free set (returned as a single list). ``within``: the
+    batch's token set where the update gives it (``embedding.py``): no other token passes."""
     adapter = knowledge.global_model.adapter
     table = adapter.token_embedding(hf).weight
     dropout = _input_dropout(knowledge, layer1, settings, state)
@@ -46,10 +48,18 @@ def token_candidates(
     # robust check refits them whatever their plain distance (under dropout a masked [CLS]
     # at position 0 ranked 18,293rd by plain distance, with 88% of its coordinates fitted).
     markers = sorted(set(knowledge.tokenizer.all_special_ids)) if dropout else []
-    if adapter.rotary_positions:
-        inputs = adapter.first_layer_input(hf, table)
+    dropped: set[int] = set()
+
+    def passing(inputs: torch.Tensor) -> list[int]:
         tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
-        state.notes.append(f"layer-1 tokens: {len(tokens)}")
+        if within is None:
+            return tokens
+        dropped.update(t for t in tokens if t not in within)
+        return [t for t in tokens if t in within]
+
+    if adapter.rotary_positions:
+        tokens = passing(adapter.first_layer_input(hf, table))
+        state.notes.append(f"layer-1 tokens: {len(tokens)}{_moved_note(within, dropped)}")
         return [tokens]
     per_position = []
     opener = knowledge.tokenizer.cls_token_id  # what an encoder's sentences open with
@@ -57,7 +67,7 @@ def token_candidates(
     for position in range(limit):
         # One position for the whole vocabulary: a 0-d index broadcasts over the table.
         inputs = adapter.first_layer_input(hf, table, torch.tensor(position, device=table.device))
-        tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
+        tokens = passing(inputs)
         if position == 0 and dropout and opener is not None and opener not in tokens:
             # Every sentence opens with it: B masked copies of one input, and with several
             # copies in the span the fit can settle on a mixture of them (MiniLM, CoLA B=4
@@ -66,8 +76,16 @@ def token_candidates(
         if not tokens:
             break
         per_position.append(tokens)
-    state.notes.append(f"layer-1 tokens per position: {[len(t) for t in per_position]}")
+    counts = [len(t) for t in per_position]
+    state.notes.append(f"layer-1 tokens per position: {counts}{_moved_note(within, dropped)}")
     return per_position
+
+
+def _moved_note(within: set[int] | None, dropped: set[int]) -> str:
+    """What the moved embedding rows did to layer 1's tokens, for the record."""
+    if within is None:
+        return ""
+    return f" (of the {len(within)} moved embedding rows; {len(dropped)} others left out)"
 
 
 def _norm_directions(norm: nn.Module) -> torch.Tensor | None:
