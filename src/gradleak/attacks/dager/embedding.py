@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from gradleak.attacks.targets import is_token_embedding
 from gradleak.federated.client import ClientUpdate
 from gradleak.federated.server import ServerKnowledge
-from gradleak.models.tasks import unwrap
 
 
 def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] | None:
@@ -33,11 +33,9 @@ def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] |
     exact_zeros = update.kind == "gradient" or gm.protocol.precision == "float64"
     if knowledge.defenses or not exact_zeros:
         return None
-    weight = gm.adapter.token_embedding(unwrap(gm.model)).weight
-    name = next((n for n, p in gm.model.named_parameters() if p is weight), None)
-    keys = [s.key for s in gm.specs if s.param == name and s.dim is None]
+    keys = [s.key for s in gm.specs if s.dim is None and is_token_embedding(s, gm)]
     tensor = next((update.tensors[k] for k in keys if k in update.tensors), None)
-    if tensor is None or tensor.shape != weight.shape:
+    if tensor is None:
         return None
     moved = torch.nonzero(tensor.ne(0).any(dim=1)).flatten()
     if len(moved) == 0 or 2 * len(moved) > len(tensor):
