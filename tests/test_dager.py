@@ -405,7 +405,8 @@ def test_encoder_recovers_two_long_sentences_exactly(tiny_victim):
     """Two sentences of 25 and 26 tokens that repeat words at other positions: layer 1 then
     lets 13 tokens through at most positions (the span holds the differences of their
     positions' embeddings), and only the descent, checked by layer 2, puts them in order.
-    The beam search that came before returned neither."""
+    The beam search that came before returned neither. The embedding rows place the tokens
+    that occur once: then at most the two sentences' own tokens and the open ones remain."""
     examples = [
         Example(
             "the old man and the young boy walked to the house on the hill by the lake in the "
@@ -420,10 +421,13 @@ def test_encoder_recovers_two_long_sentences_exactly(tiny_victim):
     ]
     victim = tiny_victim("tiny-bert")
     assert [len(victim.tokenizer(e.text)["input_ids"]) for e in examples] == [25, 26]
-    decoded, result = attack(victim, Protocol(mode="eval"), examples)
-    assert decoded == sorted(e.text for e in examples)
-    counts = result.info["notes"][1].split("[")[1].split("]")[0].split(",")
-    assert max(int(n) for n in counts) >= 10
+    for rows, most in ((False, 10), (True, 4)):
+        settings = DagerSettings(embedding_rows=rows)
+        decoded, result = attack(victim, Protocol(mode="eval"), examples, settings)
+        assert decoded == sorted(e.text for e in examples)
+        counts = result.info["notes"][1].split("[")[1].split("]")[0].split(",")
+        per_position = [int(n) for n in counts]
+        assert max(per_position) >= most if not rows else max(per_position) <= most
 
 
 def test_encoder_separates_sentences_of_one_length_that_share_most_words(tiny_victim):
@@ -555,7 +559,8 @@ def test_encoder_searches_only_the_known_lengths(tiny_victim, monkeypatch):
     batch = encode(victim, examples)
     gm = GlobalModel.build(victim, Protocol(mode="eval"))
     knowledge = server_knowledge(gm, batch, known_lengths=True)
-    paper = DagerSettings(peel=False)  # one search, not one per sentence taken off
+    # one search, not one per sentence taken off, on the spans alone
+    paper = DagerSettings(peel=False, embedding_rows=False)
     result = DagerAttack(paper).reconstruct(update, knowledge, seed=0)
     assert decode(victim, result) == sorted(e.text for e in examples)
     assert sorted(searched) == lengths
@@ -606,7 +611,8 @@ def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_lengt
         return original(self, prefix, options, *args)
 
     monkeypatch.setattr(EncoderSearch, "_descend", spy)
-    paper = DagerSettings(peel=False)  # the one search over the whole batch's spans
+    # the one search over the whole batch's spans alone
+    paper = DagerSettings(peel=False, embedding_rows=False)
     decoded, result = attack(victim, Protocol(mode="eval"), examples, paper)
     assert decoded == sorted(e.text for e in examples)
     assert result.info["rank_layer2"] == sum(

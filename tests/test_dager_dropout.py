@@ -34,11 +34,15 @@ def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
 def test_train_mode_client_with_dropout_is_recovered_by_the_robust_check(tiny_victim, name):
     victim = tiny_victim(name)
     assert victim.adapter.dropout_rate(victim.model) > 0
-    robust, result = attack(victim, Protocol(mode="train"), SENTENCE)
+    spans = DagerSettings(embedding_rows=False)  # the span checks alone
+    robust, result = attack(victim, Protocol(mode="train"), SENTENCE, spans)
     assert robust == ["the cat sat on the mat"]
     assert any("robust" in note for note in result.info["notes"])
     plain, _ = attack(
-        victim, Protocol(mode="train"), SENTENCE, DagerSettings(dropout_check="plain")
+        victim,
+        Protocol(mode="train"),
+        SENTENCE,
+        DagerSettings(embedding_rows=False, dropout_check="plain"),
     )
     assert plain != ["the cat sat on the mat"]  # the plain span check loses the masked inputs
 

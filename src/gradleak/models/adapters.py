@@ -101,6 +101,22 @@ class ModelAdapter:
         """
         raise NotImplementedError
 
+    def normed_embedding_sum(
+        self, model: nn.Module, token_embeds: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The sum of token, position (and type) embeddings where a LayerNorm is all that reads
+        it (BERT, MPNet), else None (GPT-2's sum also enters the residual stream; rotary
+        models add no position table). Positions as in ``first_layer_input``.
+
+        The gradient of such a sum is orthogonal to it (and to the all-ones vector): what
+        lets DAGER place a token's embedding row at its position (``dager/positions.py``)."""
+        return None
+
+    def position_table(self, model: nn.Module) -> tuple[nn.Embedding, int] | None:
+        """The learned absolute position table and the row of position 0, where the model
+        has one and ``normed_embedding_sum`` is defined; else None."""
+        return None
+
     @staticmethod
     def _positions(token_embeds: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         if positions is None:
@@ -240,14 +256,18 @@ class BertAdapter(ModelAdapter):
         emb = self.backbone(model).embeddings
         return [emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings]
 
-    def first_layer_input(self, model, token_embeds, positions=None):
+    def normed_embedding_sum(self, model, token_embeds, positions=None):
         emb = self.backbone(model).embeddings
         positions = self._positions(token_embeds, positions)
         types = torch.zeros_like(positions)
-        summed = (
-            token_embeds + emb.position_embeddings(positions) + emb.token_type_embeddings(types)
-        )
-        return emb.LayerNorm(summed)
+        return token_embeds + emb.position_embeddings(positions) + emb.token_type_embeddings(types)
+
+    def position_table(self, model):
+        return self.backbone(model).embeddings.position_embeddings, 0
+
+    def first_layer_input(self, model, token_embeds, positions=None):
+        summed = self.normed_embedding_sum(model, token_embeds, positions)
+        return self.backbone(model).embeddings.LayerNorm(summed)
 
     def block_keys_values(self, model, layer, hidden):
         attention = self.layers(model)[layer].attention.self
@@ -361,11 +381,18 @@ class MPNetAdapter(ModelAdapter):
         emb = self.backbone(model).embeddings
         return [emb.word_embeddings, emb.position_embeddings]
 
-    def first_layer_input(self, model, token_embeds, positions=None):
-        emb = self.backbone(model).embeddings
+    def normed_embedding_sum(self, model, token_embeds, positions=None):
+        table, first = self.position_table(model)
+        return token_embeds + table(self._positions(token_embeds, positions) + first)
+
+    def position_table(self, model):
         # MPNet numbers positions from padding_idx + 1 (RoBERTa convention).
-        positions = self._positions(token_embeds, positions) + emb.padding_idx + 1
-        return emb.LayerNorm(token_embeds + emb.position_embeddings(positions))
+        emb = self.backbone(model).embeddings
+        return emb.position_embeddings, emb.padding_idx + 1
+
+    def first_layer_input(self, model, token_embeds, positions=None):
+        summed = self.normed_embedding_sum(model, token_embeds, positions)
+        return self.backbone(model).embeddings.LayerNorm(summed)
 
 
 ADAPTERS: dict[str, type[ModelAdapter]] = {

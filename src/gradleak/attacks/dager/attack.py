@@ -4,7 +4,8 @@
 2. Token recovery: every vocabulary token whose first-layer input (embedding, position for
    absolute-position models, the first norm) lies in layer 1's span, per position
    (``tokens.py``); where the update moved token-embedding rows exactly, only those tokens
-   (the batch's token set, ``embedding.py``, an extension of the paper).
+   (the batch's token set, ``embedding.py``, an extension of the paper), and on an encoder
+   only those the rows place at a position (``positions.py``, an extension too).
 3. Sequence recovery: decoders extend prefixes token by token and keep a prefix only if its
    last position's layer-2 input lies in layer 2's span (causal: it depends on the prefix
    only, ``decoder.py``); encoders fill each sentence length by coordinate descent on layer
@@ -48,6 +49,7 @@ from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, 
 from gradleak.attacks.dager.embedding import moved_tokens
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
+from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
@@ -109,7 +111,10 @@ class DagerAttack(Attack[DagerSettings]):
             if end is not None:
                 layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))
             within = moved_tokens(update, knowledge) if self.settings.embedding_rows else None
-            candidates = token_candidates(hf, knowledge, layer1, self.settings, state, within)
+            placed = placed_tokens(update, knowledge, within) if within is not None else None
+            candidates = token_candidates(
+                hf, knowledge, layer1, self.settings, state, within, placed
+            )
             if end is not None:
                 batch_tokens = sorted({t for options in candidates for t in options})
                 layer2 = replace(layer2, drift=layer2_drift(hf, end, gm.adapter, batch_tokens))
@@ -169,6 +174,7 @@ class DagerAttack(Attack[DagerSettings]):
         ends the peeling: the search then runs whole on what is left."""
         taken: list[tuple[list[int], float | None]] = []
         tokenizer = knowledge.tokenizer
+        whole, first = candidates, update
 
         def layer2_rank(rest: ClientUpdate) -> int:
             return layer_check(rest, knowledge, 1, self.settings).rank
@@ -182,6 +188,14 @@ class DagerAttack(Attack[DagerSettings]):
             found = search.run(
                 candidates, tokenizer, knowledge.batch_size, knowledge.lengths, tokens, more
             )
+            if taken and not any(search.passes(score) for _, score in found):
+                # The remainder's token filter can cut a true token and end the positions
+                # there (Rotten Tomatoes B=4, tenth batch: with three sentences off, the
+                # last one's tokens stopped at position 10 of 29): the whole update's
+                # tokens again, which hold the rest's.
+                found = search.run(
+                    whole, tokenizer, knowledge.batch_size, knowledge.lengths, tokens, more
+                )
             if not more or not found or not all(search.passes(score) for _, score in found):
                 return taken + found
             if len(found) >= knowledge.batch_size:
@@ -203,12 +217,39 @@ class DagerAttack(Attack[DagerSettings]):
             if isinstance(checked, Refusal):  # fewer inputs than the span it came from had
                 raise RuntimeError(f"the update less its found sentences: {checked.reason}")
             plan = checked
-            candidates = rest_tokens(hf, knowledge.global_model.adapter, candidates, plan.layer1)
+            candidates = self._rest_candidates(update, knowledge, whole, first, hf, plan)
             state.notes.append(
                 f"took {len(taken)} sentence{'s' if len(taken) > 1 else ''} off the update: "
                 f"ranks {plan.layer1.rank}/"
                 f"{plan.layer2.rank}, layer-1 tokens per position {[len(t) for t in candidates]}"
             )
+
+    def _rest_candidates(
+        self,
+        rest: ClientUpdate,
+        knowledge: ServerKnowledge,
+        whole: list[list[int]],
+        first: ClientUpdate,
+        hf: torch.nn.Module,
+        plan: DagerPlan,
+    ) -> list[list[int]]:
+        """The tokens of the sentences left once the found ones are off the update: where
+        the embedding rows place the whole update's tokens, those they place in the rest
+        (exact); otherwise those near the rest's layer-1 span (``peel.rest_tokens``)."""
+        placement = None
+        if self.settings.embedding_rows:
+            moved = {t for options in whole for t in options}
+            placement = placed_tokens(rest, knowledge, moved, whole=first)
+        if placement is None:
+            return rest_tokens(hf, knowledge.global_model.adapter, whole, plan.layer1)
+        kept: list[list[int]] = []
+        for position, options in enumerate(whole[: len(placement)]):
+            allowed = placement.allowed(position)
+            tokens = [t for t in options if t in allowed]
+            if not tokens:
+                break
+            kept.append(tokens)
+        return kept
 
 
 def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:

@@ -20,10 +20,11 @@ moves every row through the softmax).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from gradleak.attacks.targets import is_token_embedding
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.client import ClientUpdate, GlobalModel
 from gradleak.federated.server import ServerKnowledge
+from gradleak.models.tasks import unwrap
 
 
 def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] | None:
@@ -33,11 +34,22 @@ def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] |
     exact_zeros = update.kind == "gradient" or gm.protocol.precision == "float64"
     if knowledge.defenses or not exact_zeros:
         return None
-    keys = [s.key for s in gm.specs if s.dim is None and is_token_embedding(s, gm)]
-    tensor = next((update.tensors[k] for k in keys if k in update.tensors), None)
+    tensor = table_update(update, gm, gm.adapter.token_embedding(unwrap(gm.model)).weight)
     if tensor is None:
         return None
     moved = torch.nonzero(tensor.ne(0).any(dim=1)).flatten()
     if len(moved) == 0 or 2 * len(moved) > len(tensor):
         return None
     return set(moved.tolist())
+
+
+def table_update(
+    update: ClientUpdate, gm: GlobalModel, weight: nn.Parameter
+) -> torch.Tensor | None:
+    """The update's whole tensor for the embedding table ``weight`` (a parameter of
+    ``gm.model``), or None where it was not sent whole (frozen, LoRA-adapted, not shared)."""
+    params = dict(gm.model.named_parameters())
+    for spec in gm.specs:
+        if spec.dim is None and params.get(spec.param) is weight and spec.key in update.tensors:
+            return update.tensors[spec.key]
+    return None
