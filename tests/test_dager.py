@@ -585,6 +585,9 @@ def test_length_budget_lists_the_layouts_that_make_up_the_token_count():
     assert budget.layouts(10) == [(13, 9, 6), (12, 9, 7)]
     assert budget.layouts(1) == [(13, 9, 6)]
     assert budget.layouts(10, every=True) == []  # five lengths cannot all be among three
+    # three distinct tokens placed at position 6: all three sentences reach it, so no 6
+    assert budget.layouts(10, least_alive=[3] * 7) == [(12, 9, 7)]
+    assert budget.layouts(10, least_alive=[3] * 8) == []
     eight = LengthBudget.of([6, 7, 10, 11, 12, 20], sentences=8, tokens=85)
     assert eight is not None and len(eight.layouts(100)) == 30
     assert eight.layouts(10, every=True) == [(20, 12, 12, 11, 10, 7, 7, 6)]

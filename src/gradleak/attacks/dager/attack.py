@@ -112,6 +112,8 @@ class DagerAttack(Attack[DagerSettings]):
                 layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))
             within = moved_tokens(update, knowledge) if self.settings.embedding_rows else None
             placed = placed_tokens(update, knowledge, within) if within is not None else None
+            if placed is not None:
+                state.least_alive = placed.least_alive()
             candidates = token_candidates(
                 hf, knowledge, layer1, self.settings, state, within, placed
             )
@@ -217,7 +219,7 @@ class DagerAttack(Attack[DagerSettings]):
             if isinstance(checked, Refusal):  # fewer inputs than the span it came from had
                 raise RuntimeError(f"the update less its found sentences: {checked.reason}")
             plan = checked
-            candidates = self._rest_candidates(update, knowledge, whole, first, hf, plan)
+            candidates = self._rest_candidates(update, knowledge, whole, first, hf, plan, state)
             state.notes.append(
                 f"took {len(taken)} sentence{'s' if len(taken) > 1 else ''} off the update: "
                 f"ranks {plan.layer1.rank}/"
@@ -232,6 +234,7 @@ class DagerAttack(Attack[DagerSettings]):
         first: ClientUpdate,
         hf: torch.nn.Module,
         plan: DagerPlan,
+        state: SearchState,
     ) -> list[list[int]]:
         """The tokens of the sentences left once the found ones are off the update: where
         the embedding rows place the whole update's tokens, those they place in the rest
@@ -240,6 +243,7 @@ class DagerAttack(Attack[DagerSettings]):
         if self.settings.embedding_rows:
             moved = {t for options in whole for t in options}
             placement = placed_tokens(rest, knowledge, moved, whole=first)
+        state.least_alive = None if placement is None else placement.least_alive()
         if placement is None:
             return rest_tokens(hf, knowledge.global_model.adapter, whole, plan.layer1)
         kept: list[list[int]] = []

@@ -253,8 +253,13 @@ class EncoderSearch(DescentSearch):
             return []
         # Under dropout a [SEP] passes layer 1 only where a sentence ends: each candidate
         # length is some sentence's (the found ones' lengths may be the only ones of theirs).
-        layouts = [] if found else budget.layouts(MAX_LAYOUTS + 1, every=True)
-        return layouts or budget.layouts(MAX_LAYOUTS + 1)
+        # The found sentences are among those that reach a position.
+        alive = self.state.least_alive and [
+            max(0, n - sum(length > p for length in found))
+            for p, n in enumerate(self.state.least_alive)
+        ]
+        layouts = [] if found else budget.layouts(MAX_LAYOUTS + 1, True, alive)
+        return layouts or budget.layouts(MAX_LAYOUTS + 1, least_alive=alive)
 
     def _capped(self, layouts: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """The first ``MAX_LAYOUTS`` of ``layouts``, saying so when there were more."""

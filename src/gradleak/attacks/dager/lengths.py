@@ -46,12 +46,15 @@ class LengthBudget:
         rest = self.tokens - sum(found) - length
         return left >= 0 and rest >= 0 and rest in self.reachable[left]
 
-    def layouts(self, limit: int, every: bool = False) -> list[tuple[int, ...]]:
+    def layouts(
+        self, limit: int, every: bool = False, least_alive: Sequence[int] | None = None
+    ) -> list[tuple[int, ...]]:
         """Up to ``limit`` multisets of ``sentences`` candidate lengths summing to ``tokens``
         (longest lengths first). ``every``: only those holding each candidate length at
         least once (where no candidate is spurious, as under dropout's robust check, each
         ends a sentence: MiniLM, CoLA B=8, the first batch's six lengths leave one such
-        layout of the 30 that sum to its 85 tokens)."""
+        layout of the 30 that sum to its 85 tokens). ``least_alive``: per position, how many
+        sentences reach it at least; a layout with fewer longer than it is left out."""
         options = sorted(self.lengths, reverse=True)
         fixed: tuple[int, ...] = tuple(options) if every else ()
         free = self.sentences - len(fixed)
@@ -60,8 +63,17 @@ class LengthBudget:
             return []
         found = []
         for extra in combinations_with_replacement(options, free):
-            if sum(extra) == rest:
-                found.append(tuple(sorted(fixed + extra, reverse=True)))
+            layout = tuple(sorted(fixed + extra, reverse=True))
+            if sum(extra) == rest and _reaches(layout, least_alive):
+                found.append(layout)
                 if len(found) >= limit:
                     break
         return found
+
+
+def _reaches(layout: Sequence[int], least_alive: Sequence[int] | None) -> bool:
+    """Whether at each position at least ``least_alive`` of the ``layout``'s sentences reach
+    it (a sentence of length L covers positions 0 to L - 1)."""
+    if least_alive is None:
+        return True
+    return all(sum(length > p for length in layout) >= n for p, n in enumerate(least_alive))

@@ -66,6 +66,11 @@ class Placement:
         """Positions up to the longest sentence's last."""
         return len(self.placed)
 
+    def least_alive(self) -> list[int]:
+        """Per position, how many sentences reach it at least: one per distinct token placed
+        there (two sentences with one token at one position count once)."""
+        return [len(tokens) for tokens in self.placed]
+
 
 def placed_tokens(
     update: ClientUpdate,

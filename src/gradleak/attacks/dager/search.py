@@ -21,6 +21,9 @@ class SearchState:
     capped: bool = False
     # Set when the client's dropout makes the layer-2 span distance a ranking, not a test.
     layer2_ranks_only: bool = False
+    # Per position, how many of the batch's sentences reach it at least (the distinct tokens
+    # the embedding rows place there, ``positions.py``); None where the rows do not say.
+    least_alive: list[int] | None = None
 
 
 @dataclass

@@ -45,7 +45,9 @@ class DagerSettings(AttackSettings):
     embedding_rows: bool = Field(
         True,
         description="where the update carries exact token-embedding rows, only the tokens "
-        "whose row moved pass layer 1 (the batch's token set; not in the paper)",
+        "whose row moved pass layer 1 (the batch's token set), and on a BERT-style encoder's "
+        "gradient only those its word and position rows place at a position (not in the "
+        "paper)",
     )
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
