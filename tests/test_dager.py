@@ -508,7 +508,7 @@ def test_a_noisy_layer_2_keeps_a_clean_gap_and_counts_the_nearest_above_it():
     of four (one has ended) at 1e-7, every other trial from 2e-3; forcing the count (the cut
     before) kept a false prefix at every position and the beam ran to the budget. Public
     noise puts a true prefix at 6e-2 past a gap above 3e-3: the count keeps it."""
-    noisy = SimpleNamespace(noisy=True, drift=0.0)
+    noisy = SimpleNamespace(noisy=True, drift=0.0, drift_bounds=False)
     search = DecoderSearch(None, None, noisy, DagerSettings(), SearchState())
     clean = [1e-7, 3e-7, 5e-7] + [2e-3 * 1.1**i for i in range(20)]
     clean = torch.tensor(clean, dtype=torch.float64)
@@ -520,6 +520,23 @@ def test_a_noisy_layer_2_keeps_a_clean_gap_and_counts_the_nearest_above_it():
     spread = torch.logspace(-1.8, -1.0, 20, dtype=torch.float64)  # nothing under 1e-2
     cut = search._cut(spread, width=3, level=None, batch_size=4)
     assert int((spread < cut).sum()) == 4
+
+
+def test_a_float64_clients_drift_bounds_the_true_prefixes():
+    """Several local steps move the inputs up to the drift; a float64 client adds nothing of
+    its own, so the drift bounds where true prefixes lie. Measured (SmolLM2, CoLA B=16, 8 local
+    batches of 2): true prefixes up to 1.2e-3, the drift 3.8e-3, false extensions from 5.2e-3.
+    No gap of a decade there: the cut before fell back to 1e-2 and let the false ones in;
+    under a float32 client's own rounding it still may (its true prefixes lie further)."""
+    distances = [1e-7, 3e-4, 1.2e-3] + [5.2e-3 * 1.1**i for i in range(20)]
+    distances = torch.tensor(distances, dtype=torch.float64)
+    passing = {}
+    for bounds in (True, False):
+        drifted = SimpleNamespace(noisy=True, drift=3.8e-3, drift_bounds=bounds)
+        search = DecoderSearch(None, None, drifted, DagerSettings(), SearchState())
+        cut = search._cut(distances, width=3, level=None, batch_size=16)
+        passing[bounds] = int((distances < cut).sum())
+    assert passing[True] == 3 and passing[False] >= 10
 
 
 @pytest.mark.parametrize("relative", [1e-6, 1e-4, 1e-3])

@@ -119,7 +119,9 @@ class DagerAttack(Attack[DagerSettings]):
             )
             if end is not None:
                 batch_tokens = sorted({t for options in candidates for t in options})
-                layer2 = replace(layer2, drift=layer2_drift(hf, end, gm.adapter, batch_tokens))
+                exact = gm.protocol.precision == "float64" and not knowledge.defenses
+                drift = layer2_drift(hf, end, gm.adapter, batch_tokens)
+                layer2 = replace(layer2, drift=drift, drift_bounds=exact)
                 state.notes.append(
                     f"{update.metadata['local_steps']} local steps: inputs drift up to "
                     f"{layer1.drift:.1e} / {layer2.drift:.1e} (layers 1 / 2)"

@@ -104,6 +104,9 @@ class LayerCheck:
     # How far the inputs of an update's later local steps may lie from the server's version
     # of them (relative distance; 0 for a single step, see ``drift.py``).
     drift: float = 0.0
+    # Whether ``drift`` bounds how far the true inputs lie: an update of several steps with
+    # no rounding or noise of its own worth counting (a float64 client's, no defense).
+    drift_bounds: bool = False
 
     @property
     def rank(self) -> int:

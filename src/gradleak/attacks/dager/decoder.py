@@ -139,6 +139,14 @@ class DecoderSearch(SentenceSearch):
             self.settings.fallback_threshold,
             floor=self.layer2.drift,
         )
+        if self.layer2.drift_bounds and fixed is None:
+            # True prefixes lie under the drift, and a false extension may lie just above
+            # it, under a decade from it (SmolLM2, CoLA B=16, float64 client, 8 local
+            # batches of 2, first batch: true prefixes at 1e-7 to 1.2e-3, the drift 3.8e-3,
+            # false extensions of true ones from 5.2e-3). With no clear gap the cut fell
+            # back to 1e-2, and the false prefixes it let in multiplied until the search
+            # budget was spent (30-41 s a batch).
+            return min(cut, self.layer2.drift)
         if self.layer2.noisy and fixed is None and cut >= CLEAN_CUT:
             # A partial span leaves true prefixes near it, not in it: keep as many of the
             # nearest as the batch has sentences. Not past a gap below CLEAN_CUT: prefixes
