@@ -146,35 +146,43 @@ def place(
     its norm is under its floor (``word_floor`` [T], ``spot_floor`` [n]). Returns the placed
     (token, position) pairs and the token and position indices left open."""
     words, spots = word_rows.clone(), position_rows.clone()
+    by_position = inputs.transpose(0, 1)  # [n, T, d]
     edges: set[tuple[int, int]] = set()
-    progress = True
-    while progress:
-        progress = False
-        for i in range(len(words)):
-            live = torch.nonzero(spots.norm(dim=1) > spot_floor).flatten()
-            if words[i].norm() <= word_floor[i] or len(live) == 0:
-                continue
-            k = _one_input(inputs[i, live] @ words[i], words[i])
-            if k is not None:
-                p = int(live[k])
-                edges.add((i, p))
-                spots[p] -= words[i]
-                words[i] = 0
-                progress = True
-        for p in range(len(spots)):
-            live = torch.nonzero(words.norm(dim=1) > word_floor).flatten()
-            if spots[p].norm() <= spot_floor[p] or len(live) == 0:
-                continue
-            k = _one_input(inputs[live, p] @ spots[p], spots[p])
-            if k is not None:
-                i = int(live[k])
-                edges.add((i, p))
-                words[i] -= spots[p]
-                spots[p] = 0
-                progress = True
+    while True:
+        # token rows that are one input's gradient, then position rows that are
+        found = _sweep(words, spots, word_floor, spot_floor, inputs)
+        found += [(i, p) for p, i in _sweep(spots, words, spot_floor, word_floor, by_position)]
+        if not found:
+            break
+        edges.update(found)
     open_tokens = torch.nonzero(words.norm(dim=1) > word_floor).flatten().tolist()
     open_positions = torch.nonzero(spots.norm(dim=1) > spot_floor).flatten().tolist()
     return edges, set(open_tokens), set(open_positions)
+
+
+def _sweep(
+    rows: torch.Tensor,
+    others: torch.Tensor,
+    floor: torch.Tensor,
+    other_floor: torch.Tensor,
+    inputs: torch.Tensor,
+) -> list[tuple[int, int]]:
+    """One pass over ``rows`` (token rows, or position rows): each that is one input's
+    gradient, orthogonal to its input at one live row of ``others`` alone (``inputs[j]``: row
+    ``j``'s unit inputs against each of ``others``), is moved onto that one, which loses it
+    (in place). Returns the (row, other) pairs moved."""
+    moved = []
+    for j in range(len(rows)):
+        live = torch.nonzero(others.norm(dim=1) > other_floor).flatten()
+        if rows[j].norm() <= floor[j] or len(live) == 0:
+            continue
+        k = _one_input(inputs[j, live] @ rows[j], rows[j])
+        if k is not None:
+            other = int(live[k])
+            others[other] -= rows[j]
+            rows[j] = 0
+            moved.append((j, other))
+    return moved
 
 
 def _one_input(products: torch.Tensor, row: torch.Tensor) -> int | None:
