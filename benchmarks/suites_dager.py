@@ -76,6 +76,15 @@ def dager_fedavg(batches: int, data_dir: str | None) -> list[NamedOptions]:
     ]
     cells += [fedavg(f"smollm2-cola-B16-E2-sgd-lr{lr:g}", epochs=2, lr=lr) for lr in (1e-2, 1e-3)]
     cells.append(fedavg("smollm2-cola-B16-E2-adam-lr0.0001", epochs=2, lr=1e-4, optimizer="adam"))
+    # LoRA's adapters trained by FedAvg (r=32 on q and v, as users fine-tune), and a client
+    # that trains with its model's dropout (MiniLM's 0.1; SmolLM2 has none)
+    cells.append(fedavg("smollm2-cola-B16-E2-lora32-lr0.01", epochs=2, lr=1e-2, lora_rank=32))
+    cells.append(
+        (
+            "minilm-cola-B4-E2-lr0.01-dropout",
+            _dager("minilm", "cola", 4, batches, data_dir, protocol="fedavg", epochs=2, lr=1e-2),
+        )
+    )
     return cells
 
 
