@@ -105,8 +105,8 @@ class _LinearWeight(_Rule):
         return self.target if self.transposed else self.target.mT
 
     def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
-        x = _rows(capture.input, groups)[..., self.in_slice]
         d = _rows(grad_out, groups)[..., self.out_slice]
+        x = _rows(capture.input, groups)[..., self.in_slice].to(d.dtype)
         return x.transpose(1, 2) @ d if self.transposed else d.transpose(1, 2) @ x
 
 
@@ -126,8 +126,9 @@ class _LinearGroup:
     as one batched product. Each small product pays dispatch and autograd overhead, forward
     and in the double backward; one stacked product per shape pays it once."""
 
-    def __init__(self, rules: list[_LinearWeight]) -> None:
+    def __init__(self, rules: list[_LinearWeight], dtype: torch.dtype | None = None) -> None:
         self.rules = rules
+        self.dtype = dtype  # what the statistics are summed in (None: the captures' own)
         # The target operands of a subset of the rules (a pooler reads fewer tokens than the
         # rest), kept: the split is the same every step and a copy is megabytes.
         self._subsets: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
@@ -138,8 +139,8 @@ class _LinearGroup:
         factors where the targets have low rank (:mod:`gradleak.attacks.low_rank`), else
         ``(mapping,)``, ``[K, G, in, out]``."""
         maps = [r.mapping for r in self.rules]
-        factors = factored(maps)
-        return (torch.stack(maps),) if factors is None else factors
+        factors = factored(maps, self.dtype)
+        return (_in(torch.stack(maps), self.dtype),) if factors is None else factors
 
     def _operands_of(self, members: list[int]) -> tuple[torch.Tensor, ...]:
         if len(members) == len(self.rules):
@@ -169,13 +170,18 @@ class _LinearGroup:
         for tokens, members in by_tokens.items():
             if tokens * tokens > width_in * width_out:
                 continue
-            xs = torch.stack([x[k] for k in members])  # [K, groups, n, in]
-            ds = torch.stack([d[k] for k in members])  # [K, groups, n, out]
+            xs = _in(torch.stack([x[k] for k in members]), self.dtype)  # [K, groups, n, in]
+            ds = _in(torch.stack([d[k] for k in members]), self.dtype)  # [K, groups, n, out]
             inner = _mapped_inner(xs, ds, self._operands_of(members))
             norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
             for position, k in enumerate(members):
                 out[k] = (inner[position], norm[position])
         return out
+
+
+def _in(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` in ``dtype`` (None: as it is)."""
+    return tensor if dtype is None else tensor.to(dtype)
 
 
 def _mapped_inner(
@@ -273,7 +279,8 @@ class GhostStatistics:
     ``specs`` and ``targets`` are the matched tensors and the received (pseudo-)gradients, in
     the order the distance expects; parameter names are those of ``model``. With
     ``per_group`` every target is ``[groups, *shape]``, one per group, and ``target_norms`` is
-    ``[groups, tensors]`` (else ``[tensors]``).
+    ``[groups, tensors]`` (else ``[tensors]``). With ``dtype`` (float64 for squared L2, whose
+    terms cancel) the statistics are formed and summed in it from the float32 captures.
     """
 
     def __init__(
@@ -282,17 +289,20 @@ class GhostStatistics:
         specs: list[TensorSpec],
         targets: list[torch.Tensor],
         per_group: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.rules: list[_Rule] = []
+        self.dtype = dtype
         grouped = [t.detach() if per_group else t.detach()[None] for t in targets]
         for spec, target in zip(specs, grouped, strict=True):
             owner, _, attribute = spec.param.rpartition(".")
             self.rules.append(_rule_for(model.get_submodule(owner), attribute, target, spec))
         self.modules = list({id(r.module): r.module for r in self.rules}.values())
         if per_group:  # [groups, K]
-            self.target_norms = torch.stack([t.pow(2).flatten(1).sum(1) for t in grouped], 1)
+            norms = [_in(t, dtype).pow(2).flatten(1).sum(1) for t in grouped]
+            self.target_norms = torch.stack(norms, 1)
         else:  # [K]
-            self.target_norms = torch.stack([t.detach().pow(2).sum() for t in targets])
+            self.target_norms = torch.stack([_in(t.detach(), dtype).pow(2).sum() for t in targets])
         shapes: dict[tuple, list[int]] = {}
         for index, rule in enumerate(self.rules):
             if isinstance(rule, _LinearWeight):
@@ -300,7 +310,8 @@ class GhostStatistics:
                 shapes.setdefault(key, []).append(index)
         # (rule indices, their batched group): the other rules are computed one by one.
         self.linear_groups = [
-            (indices, _LinearGroup([self.rules[i] for i in indices])) for indices in shapes.values()
+            (indices, _LinearGroup([self.rules[i] for i in indices], dtype))
+            for indices in shapes.values()
         ]
 
     def statistics(
@@ -333,7 +344,8 @@ class GhostStatistics:
         for index, rule in enumerate(self.rules):
             if inner[index] is not None:
                 continue
-            capture, grad = captures[id(rule.module)][0], grad_of[id(rule.module)]
+            # The output gradient in ``dtype`` carries it through each rule's products.
+            capture, grad = captures[id(rule.module)][0], _in(grad_of[id(rule.module)], self.dtype)
             if type(rule).statistics is _Rule.statistics:
                 gradient = rule.gradient(capture, grad, groups)
                 formed.setdefault(gradient.shape, []).append((index, gradient))

@@ -19,14 +19,23 @@ LOW_RANK_TOLERANCE = 1e-6
 _FIRST_RANK = 16  # the first range probed; doubled while the remainder is larger
 
 
-def factor(matrix: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def factor(
+    matrix: torch.Tensor, most: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``matrix`` (``[in, out]``) as ``left @ right^T`` of the smallest rank (at most
-    ``most``) that keeps all but ``LOW_RANK_TOLERANCE`` of its norm, else None.
+    ``most``) that keeps all but ``LOW_RANK_TOLERANCE`` of its norm, else None; the factors
+    computed and given in ``dtype`` (None: the matrix's own).
 
     A randomized range finder (Halko, Martinsson & Tropp 2011): the span of ``matrix`` times a
     few random vectors, widened until the part of ``matrix`` outside it is measured below the
     tolerance; then an SVD of the small projected matrix orders the span's directions and drops
-    those the tolerance allows. A full SVD of every target took seconds an input."""
+    those the tolerance allows. A full SVD of every target took seconds an input.
+
+    The product is the orthogonal projection of ``matrix`` on the kept directions (to the
+    rounding of ``dtype``), so ``||matrix||^2 - ||left right^T||^2`` is the part dropped, at most
+    ``LOW_RANK_TOLERANCE^2`` of ``||matrix||^2``: squared L2 from statistics relies on it."""
+    if dtype is not None:
+        matrix = matrix.to(dtype)
     width_out = matrix.shape[1]
     total = torch.linalg.matrix_norm(matrix).double()
     allowed = (LOW_RANK_TOLERANCE * total) ** 2
@@ -49,17 +58,19 @@ def factor(matrix: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor]
     return left, vh[:keep].mT.to(matrix.dtype)
 
 
-def factored(maps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+def factored(
+    maps: list[torch.Tensor], dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``maps`` (K targets, each ``[G, in, out]`` as maps from inputs to outputs) as stacked
-    ``left @ right^T`` (``[K, G, in, r]`` and ``[K, G, out, r]``), or None where some target
-    has no rank that would save work. Each matrix is factored where it lies: no dense copy of
-    all K x G targets is made."""
+    ``left @ right^T`` (``[K, G, in, r]`` and ``[K, G, out, r]``, in ``dtype`` where given),
+    or None where some target has no rank that would save work. Each matrix is factored where
+    it lies: no dense copy of all K x G targets is made."""
     width_in, width_out = maps[0].shape[-2:]
     most = width_in * width_out // (2 * (width_in + width_out))
     factors = []
     for mapping in maps:
         for matrix in mapping:
-            pair = factor(matrix, most)
+            pair = factor(matrix, most, dtype)
             if pair is None:
                 return None
             factors.append(pair)

@@ -222,9 +222,10 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         return Problem(ws=ws, assignments=assignments, generator=generator)
 
     def _stack_limit(self, problem: Problem) -> int:
-        """The most updates one stacked pass takes. A distance on materialized gradients (DLG,
-        TAG, LAMP_L2+L1) walks every input's ten million entries whatever the stack, so its
-        gain is the shared forward and backward alone and fades as the stack grows
+        """The most updates one stacked pass takes. A distance on materialized gradients (TAG
+        and LAMP_L2+L1, whose L1 term has no statistics form) walks every input's ten million
+        entries whatever the stack, so its gain is the shared forward and backward alone and
+        fades as the stack grows
         (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16). That walk
         bounds a CPU; a GPU's step costs the same from 1 to 32 stacked TAG updates (MEASURED),
         so there the stack is not limited."""

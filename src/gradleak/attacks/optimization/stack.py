@@ -11,7 +11,7 @@ Why each problem's result is its one-by-one result, up to floating-point summati
   shorter problem to the stack's width is masked out of attention (its weight is exactly zero)
   and feeds no loss, so its output gradient is zero and it adds nothing to any statistic;
 * the ghost statistics (:mod:`gradleak.attacks.ghost`), or for a distance without a statistics
-  form (DLG's squared L2, TAG's L2 + L1) the gradients formed from the same captures, are
+  form (TAG's L2 + L1) the gradients formed from the same captures, are
   computed per group, a group being one problem's rows, against that problem's own target;
 * the stacked loss is the sum of the problems' losses, whose gradient in one problem's
   embeddings is that problem's own gradient; and Adam is elementwise, so one Adam over the
@@ -93,7 +93,13 @@ class StackedObjective:
         ]
         return cls(
             workspaces=workspaces,
-            ghost=GhostStatistics(first.model, first.specs, targets, per_group=True),
+            ghost=GhostStatistics(
+                first.model,
+                first.specs,
+                targets,
+                per_group=True,
+                dtype=first.distance.statistics_dtype,
+            ),
             template=template,
             fixed=embedding[template.clamp(min=0)],
             attention_mask=torch.cat(masks),
