@@ -10,6 +10,8 @@ Suites:
                  --threads threads vs two worker processes sharing them (wall s per input).
   stack_step     one continuous step of LAMP_cos, TAG and DLG on P = 1, 4, 8, 16 MiniLM CoLA
                  inputs, one by one vs stacked (--stack), and each in forward passes.
+  distance_forms a stacked step of DLG and TAG (P = 4, 8, 16 MiniLM CoLA inputs): DLG from
+                 float64 statistics vs its materialized gradients, TAG streamed vs materialized.
   flower_audit   a 4-client, 3-round Flower federation (MiniLM SST-2, LoRA, FedAvg) audited by
                  DAGER and TAG, and without the audit: seconds per round, what leaked.
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on

@@ -4,8 +4,10 @@ forward passes, the unit that says how far a step is from the forward it is buil
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,29 +38,32 @@ def _fastest(
     return best
 
 
+def _middle_workspaces(attack: str, data_dir: str | None) -> list:
+    """``max(SIZES)`` MiniLM CoLA workspaces of similar length (CoLA's middle lengths, as
+    ``--stack`` groups them), eval-mode client."""
+    pool = max(SIZES) * 3
+    config = config_from_options(
+        {"model": "minilm", "dataset": "cola", "data_dir": data_dir, "attack": attack,
+         "mode": "eval", "n_inputs": pool}
+    )  # fmt: skip
+    prepared = prepare(config, "cpu")
+    tokens = input_tokens(prepared)
+    by_length = sorted(range(pool), key=lambda index: (tokens[index], index))
+    middle = by_length[max(SIZES) : 2 * max(SIZES)]
+    rounds = [client_round(config, prepared, i) for i in middle]
+    return [prepared.attack.workspace(r.update, r.knowledge) for r in rounds]
+
+
 def stack_step(out_dir: Path, batches: int, data_dir: str | None) -> None:
-    """For each attack and stack size P: the same P inputs of similar length (CoLA's middle
-    lengths, as ``--stack`` groups them) stepped one by one and stacked."""
+    """For each attack and stack size P: the same P inputs of similar length stepped one by
+    one and stacked."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
     rows = []
-    pool = max(SIZES) * 3
     for attack in ATTACKS:
-        config = config_from_options(
-            {"model": "minilm", "dataset": "cola", "data_dir": data_dir, "attack": attack,
-             "mode": "eval", "n_inputs": pool}
-        )  # fmt: skip
-        prepared = prepare(config, "cpu")
-        tokens = input_tokens(prepared)
-        by_length = sorted(range(pool), key=lambda index: (tokens[index], index))
-        middle = by_length[max(SIZES) : 2 * max(SIZES)]
-        rounds = {i: client_round(config, prepared, i) for i in middle}
+        workspaces = _middle_workspaces(attack, data_dir)
         for size in SIZES:
-            chosen = middle[:size]
-            workspaces = [
-                prepared.attack.workspace(rounds[i].update, rounds[i].knowledge) for i in chosen
-            ]
-            rows.append(_measure(attack, workspaces))
+            rows.append(_measure(attack, workspaces[:size]))
             print(rows[-1], flush=True)
     notes = (
         f"MiniLM, CoLA B=1, eval mode, {threads} torch thread(s), one process. A step is the "
@@ -123,4 +128,52 @@ def _measure(attack: str, workspaces: list) -> dict:
     return row
 
 
-SUITES = {"stack_step": stack_step}
+def distance_forms(out_dir: Path, batches: int, data_dir: str | None) -> None:
+    """A stacked step with each distance's fast form against its materialized one, the two
+    alternating in one process: DLG's float64 statistics, TAG's streamed walk."""
+    started = time.perf_counter()
+    rows = []
+    for attack in ("dlg", "tag"):
+        workspaces = _middle_workspaces(attack, data_dir)
+        fast = workspaces[0].matcher.distance
+        # Without the fast form the stacked pass forms each input's gradient (the old way).
+        slow = dataclasses.replace(fast, from_statistics=None, entrywise_l1=None)
+        generator = torch.Generator().manual_seed(0)
+        width = workspaces[0].embedding.shape[1]
+        for size in SIZES[1:]:
+            chosen = workspaces[:size]
+            stacked = StackedObjective.build(chosen)
+            frees = [torch.randn(*ws.template.shape, width, generator=generator) for ws in chosen]
+            free = stacked.pad(frees).requires_grad_(True)
+
+            def step(distance, stacked=stacked, free=free, chosen=chosen) -> None:
+                for ws in chosen:
+                    ws.matcher.distance = distance
+                torch.autograd.grad(stacked.losses(free).sum(), [free])
+
+            arms = {"fast": fast, "materialized": slow}
+            seconds = _fastest({name: partial(step, d) for name, d in arms.items()})
+            rows.append(
+                {
+                    "attack": attack,
+                    "P": size,
+                    "fast form ms/input": 1000 * seconds["fast"] / size,
+                    "materialized ms/input": 1000 * seconds["materialized"] / size,
+                    "speedup": seconds["materialized"] / seconds["fast"],
+                }
+            )
+            print(rows[-1], flush=True)
+            for ws in chosen:
+                ws.matcher.distance = fast
+    notes = (
+        f"MiniLM, CoLA B=1, eval mode, {torch.get_num_threads()} torch thread(s), one process. "
+        "A stacked continuous step (loss and gradient in the dummy embeddings). The fast form: "
+        "DLG's squared L2 from float64 ghost statistics, TAG's L2 + L1 streamed a block of "
+        "rows at a time; materialized: each input's gradient formed from the stacked pass. "
+        f"Arms alternate; the fastest of {ROUNDS} rounds is kept."
+    )
+    for path in write_results(out_dir, "distance_forms", rows, started, notes):
+        print(f"wrote {path}")
+
+
+SUITES = {"stack_step": stack_step, "distance_forms": distance_forms}

@@ -99,8 +99,8 @@ def test_stacked_ghost_statistics_equal_each_problems_own(tiny_victim):
 
 @pytest.mark.parametrize("name", ["tag", "dlg", "lamp-l2l1"])
 def test_materialized_distances_stack_too(tiny_victim, name):
-    """TAG's L1 term and DLG's squared L2 need each dummy gradient written out: formed per
-    problem from the stacked pass's captures."""
+    """Each problem's distance from the stacked pass's captures: DLG's from float64
+    statistics, TAG's and LAMP_L2+L1's streamed (linear weights) and formed (the rest)."""
     victim = tiny_victim("tiny-bert")
     items = items_for(victim, [[t] for t in TEXTS])
     settings = {"steps": 30} if name != "lamp-l2l1" else {**TINY_LAMP, "discrete_every": 10}
@@ -108,14 +108,15 @@ def test_materialized_distances_stack_too(tiny_victim, name):
     assert_same_results(attack.run_many(items), one_by_one(attack, items))
 
 
-def test_materialized_distances_stack_at_most_four(tiny_victim):
-    from gradleak.attacks.optimization.engine import MATERIALIZED_STACK_LIMIT
+def test_materialized_distances_stack_at_most_the_limit(tiny_victim, monkeypatch):
+    from gradleak.attacks.optimization import engine
 
+    monkeypatch.setattr(engine, "MATERIALIZED_STACK_LIMIT", 3)
     victim = tiny_victim("tiny-bert")
-    items = items_for(victim, [[t] for t in TEXTS + TEXTS[:1]])
+    items = items_for(victim, [[t] for t in TEXTS])
     results = make_attack("tag", steps=2).run_many(items)
-    assert MATERIALIZED_STACK_LIMIT == 4
-    assert [r.stack_size for r in results] == [4, 4, 4, 4, 1]
+    assert [r.stack_size for r in results] == [3, 3, 3, 1]
+    assert [r.stack_size for r in make_attack("dlg", steps=2).run_many(items)] == [4] * 4
 
 
 def test_unstackable_updates_run_alone(tiny_victim):

@@ -36,6 +36,9 @@ class Distance:
     # The distance of each of P problems at once, from tensors with a leading problem axis
     # (``[P, *shape]``): ``[P]``. Stacked attacks (optimization/stack.py) need one.
     grouped: TensorDistance | None = None
+    # Set where the distance is ``sum_k ||G_k - T_k||^2 + entrywise_l1 ||G_k - T_k||_1``
+    # (TAG): stacked, its linear weights' terms are streamed (attacks/streamed.py).
+    entrywise_l1: float | None = None
 
     def __call__(self, dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
         return self.on_tensors(dummy, target)
@@ -150,7 +153,7 @@ def tag_distance(l1_weight: float = TAG_L1_WEIGHT) -> Distance:
     def grouped(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
         return _l2_l1(dummy, target, l1_weight, grouped=True)
 
-    return Distance(distance, grouped=grouped)
+    return Distance(distance, grouped=grouped, entrywise_l1=l1_weight)
 
 
 def _cos(dummy: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:

@@ -39,6 +39,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from gradleak.attacks.low_rank import factored
+from gradleak.attacks.streamed import streamed_l2_l1
 from gradleak.federated.sharing import TensorSpec
 
 
@@ -104,10 +105,18 @@ class _LinearWeight(_Rule):
         is ``[n, out]``."""
         return self.target if self.transposed else self.target.mT
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+    def factors(
+        self, capture: Capture, grad_out: torch.Tensor, groups: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's gradient as ``A^T B`` (``[groups, n, rows]``, ``[groups, n, cols]``):
+        output gradients and inputs, or inputs and output gradients for a Conv1D."""
         d = _rows(grad_out, groups)[..., self.out_slice]
         x = _rows(capture.input, groups)[..., self.in_slice].to(d.dtype)
-        return x.transpose(1, 2) @ d if self.transposed else d.transpose(1, 2) @ x
+        return (x, d) if self.transposed else (d, x)
+
+    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        a, b = self.factors(capture, grad_out, groups)
+        return a.mT @ b
 
 
 class _Bias(_Rule):
@@ -375,6 +384,32 @@ class GhostStatistics:
             rule.gradient(captures[id(rule.module)][0], grad_of[id(rule.module)], groups)
             for rule in self.rules
         ]
+
+    def streamed_l2_l1(
+        self,
+        loss_of: Callable[[], torch.Tensor],
+        rows: int,
+        groups: int,
+        l1_weight: float | None,
+        rest: Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor],
+        create_graph: bool = True,
+    ) -> torch.Tensor:
+        """Each group's squared L2 plus ``l1_weight`` L1 to its targets (``[groups]``, the
+        targets per group): linear weights streamed from their captures
+        (:mod:`gradleak.attacks.streamed`), the other tensors' gradients formed and compared
+        by ``rest`` (the same distance on ``[groups, *shape]`` tensors)."""
+        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
+        total = torch.zeros(groups, device=self.target_norms.device)
+        formed, targets = [], []
+        for rule in self.rules:
+            capture, grad = captures[id(rule.module)][0], grad_of[id(rule.module)]
+            if isinstance(rule, _LinearWeight):
+                a, b = rule.factors(capture, grad, groups)
+                total = total + streamed_l2_l1(a, b, rule.target, l1_weight)
+            else:
+                formed.append(rule.gradient(capture, grad, groups))
+                targets.append(rule.target)
+        return total + rest(formed, targets) if formed else total
 
     def _captured(
         self, loss_of: Callable[[], torch.Tensor], rows: int, groups: int, create_graph: bool

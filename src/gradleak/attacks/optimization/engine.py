@@ -58,8 +58,8 @@ from gradleak.models.tasks import unwrap
 
 # Memory for one batched scoring call: per-candidate gradients are materialized.
 SCORE_MEMORY_BYTES = 2**30
-# Updates per stacked pass for a distance on materialized gradients (see _stack_limit).
-MATERIALIZED_STACK_LIMIT = 4
+# Updates per stacked pass for a distance on every entry of the gradients (see _stack_limit).
+MATERIALIZED_STACK_LIMIT = 8
 
 
 class OptimizationAttack(Attack[OptimizationSettings]):
@@ -222,13 +222,13 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         return Problem(ws=ws, assignments=assignments, generator=generator)
 
     def _stack_limit(self, problem: Problem) -> int:
-        """The most updates one stacked pass takes. A distance on materialized gradients (TAG
-        and LAMP_L2+L1, whose L1 term has no statistics form) walks every input's ten million
-        entries whatever the stack, so its gain is the shared forward and backward alone and
-        fades as the stack grows
-        (``stack_step`` in benchmarks/MEASURED.md: TAG 1.20x at 4, 1.02x at 16). That walk
-        bounds a CPU; a GPU's step costs the same from 1 to 32 stacked TAG updates (MEASURED),
-        so there the stack is not limited."""
+        """The most updates one stacked pass takes. A distance on every entry of the gradients
+        (TAG and LAMP_L2+L1, whose L1 term has no statistics form) walks each input's ten
+        million entries whatever the stack (streamed, :mod:`gradleak.attacks.streamed`), so
+        its gain is the shared forward and backward alone and fades as the stack grows
+        (benchmarks/MEASURED.md: a streamed TAG step an input about the same at 8 and 16).
+        That walk bounds a CPU; a GPU's step costs the same from 1 to 32 stacked TAG updates
+        (MEASURED), so there the stack is not limited."""
         on_cpu = problem.ws.embedding.device.type == "cpu"
         if on_cpu and problem.ws.matcher.distance.from_statistics is None:
             return MATERIALIZED_STACK_LIMIT

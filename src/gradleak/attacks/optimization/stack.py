@@ -138,9 +138,13 @@ class StackedObjective:
         def loss_of() -> torch.Tensor:
             return module(flat, self.labels, ids, self.attention_mask, self.token_type_ids)
 
-        distance = first.matcher.distance
-        if distance.from_statistics is None:
-            grads = self.ghost.gradients(loss_of, problems * rows, problems, create_graph)
-            return distance.grouped(grads, self.targets)
-        inner, norm = self.ghost.statistics(loss_of, problems * rows, problems, create_graph)
-        return distance.from_statistics(inner, norm, self.ghost.target_norms)
+        distance, count = first.matcher.distance, problems * rows
+        if distance.from_statistics is not None:
+            inner, norm = self.ghost.statistics(loss_of, count, problems, create_graph)
+            return distance.from_statistics(inner, norm, self.ghost.target_norms)
+        if distance.entrywise_l1 is not None:
+            return self.ghost.streamed_l2_l1(
+                loss_of, count, problems, distance.entrywise_l1, distance.grouped, create_graph
+            )
+        grads = self.ghost.gradients(loss_of, count, problems, create_graph)
+        return distance.grouped(grads, self.targets)
