@@ -55,7 +55,9 @@ def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     client = NotebookClient(
         notebook,
         kernel_name=KERNEL,
-        timeout=600,  # per cell
+        # per cell: the quickstart's LAMP cell takes about a minute alone, and ran past 600 s
+        # on two cores shared with five other processes
+        timeout=1800,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
     return client.execute()
