@@ -55,8 +55,8 @@ def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     client = NotebookClient(
         notebook,
         kernel_name=KERNEL,
-        # per cell: the quickstart's LAMP cell takes about a minute alone, and ran past 600 s
-        # on two cores shared with five other processes
+        # per cell: one of the quickstart's ran past 600 s on two cores shared with five other
+        # processes
         timeout=1800,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
