@@ -108,6 +108,16 @@ def test_materialized_distances_stack_too(tiny_victim, name):
     assert_same_results(attack.run_many(items), one_by_one(attack, items))
 
 
+def test_a_streamed_distance_on_conv1d_weights_gives_the_one_by_one_result(tiny_victim):
+    """GPT-2's Conv1D holds its weight transposed ([in, out]): the streamed blocks follow it."""
+    victim = tiny_victim("tiny-gpt2")
+    items = items_for(victim, [[t] for t in TEXTS[:3]])
+    attack = make_attack("tag", steps=30)
+    results = attack.run_many(items)
+    assert [r.stack_size for r in results] == [3, 3, 3]
+    assert_same_results(results, one_by_one(attack, items))
+
+
 def test_materialized_distances_stack_at_most_the_limit(tiny_victim, monkeypatch):
     from gradleak.attacks.optimization import engine
 
