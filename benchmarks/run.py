@@ -4,6 +4,8 @@ Suites:
   step_time      seconds per continuous optimization step (DLG/TAG objective, forward plus
                  double backward) on tiny-bert and MiniLM, B=1, one demo sentence, eval mode.
   discrete_round LAMP_cos's discrete round on MiniLM, batched vs one-by-one scoring.
+  batch_round    LAMP_cos's discrete round on MiniLM CoLA at B = 2, 4, 8: each sentence's
+                 candidates beside the other sentences run once, vs as whole batches.
   input_time     LAMP_cos per CoLA input at the paper budget, batched vs one-by-one scoring
                  (--batches inputs; each phase's seconds).
   throughput     LAMP_cos on --batches CoLA inputs at the paper budget: one process with

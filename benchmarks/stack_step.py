@@ -23,7 +23,7 @@ SIZES = (1, 4, 8, 16)
 ROUNDS = 4  # alternating rounds of each arm; the fastest is kept (the machine is shared)
 
 
-def _fastest(
+def fastest_of(
     arms: dict[str, Callable[[], None]], rounds: int = ROUNDS, calls: int = 2
 ) -> dict[str, float]:
     """Each arm's fastest mean seconds over ``calls`` calls, the arms alternating."""
@@ -110,7 +110,7 @@ def _measure(attack: str, workspaces: list) -> dict:
     arms = {"alone": one_by_one, "forward one": forward_one}
     if stacked is not None:
         arms |= {"stacked": together, "forward stack": forward_stack}
-    seconds = _fastest(arms)
+    seconds = fastest_of(arms)
     row = {
         "attack": attack,
         "P": size,
@@ -152,7 +152,7 @@ def distance_forms(out_dir: Path, batches: int, data_dir: str | None) -> None:
                 torch.autograd.grad(stacked.losses(free).sum(), [free])
 
             arms = {"fast": fast, "materialized": slow}
-            seconds = _fastest({name: partial(step, d) for name, d in arms.items()})
+            seconds = fastest_of({name: partial(step, d) for name, d in arms.items()})
             rows.append(
                 {
                     "attack": attack,

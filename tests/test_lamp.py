@@ -347,9 +347,14 @@ def test_a_round_skips_only_candidates_whose_prior_term_cannot_win(tiny_victim, 
     prior_terms = spread * torch.rand(len(perms), generator=generator).double()
     every = ws.score(candidates).double() + prior_terms
     scored = []
-    score = ws.score
-    ws.score = lambda part: scored.append(len(part)) or score(part)
-    totals = scores_that_can_win(ws, candidates, prior_terms, current=3)
+
+    def score(rows):
+        scored.append(len(rows))
+        part = free.expand(len(rows), -1, -1, -1).clone()
+        part[:, 0] = rows
+        return ws.score(part)
+
+    totals = scores_that_can_win(score, candidates[:, 0], prior_terms, current=3, group=ws.group)
     assert int(totals.argmin()) == int(every.argmin())
     kept = totals.isfinite()
     assert torch.allclose(totals[kept], every[kept], rtol=1e-5)

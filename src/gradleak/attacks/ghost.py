@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -47,7 +48,40 @@ from gradleak.attacks.ghost_rules import (
 from gradleak.attacks.streamed import streamed_l2_l1
 from gradleak.federated.sharing import TensorSpec
 
-__all__ = ["Capture", "GhostStatistics", "GhostUnsupported", "Statistics"]
+__all__ = ["Capture", "GhostStatistics", "GhostUnsupported", "SharedRows", "Statistics"]
+
+
+@dataclass
+class SharedRows:
+    """Batch rows that every group of a :meth:`GhostStatistics.statistics` call shares, run
+    once: each module's input and output gradient (by module id), their loss weighted by
+    ``share``, their part of the batch's loss.
+
+    A discrete round changes one sentence of a batch at a time: the batch's other sentences
+    are the same in every candidate. Where rows do not interact (an eval-mode encoder whose
+    loss is a mean over rows), a candidate's gradient is its own row's share plus theirs, so
+    they are run once and only the changed row runs per candidate; the statistics are then
+    formed over the candidate's tokens and the shared ones together, as the whole batch's."""
+
+    inputs: dict[int, torch.Tensor]
+    grads: dict[int, torch.Tensor]
+    share: float
+
+    def join(
+        self, inputs: dict[int, torch.Tensor], grads: dict[int, torch.Tensor], groups: int
+    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Each group's own rows followed by the shared ones, for every module's input and
+        output gradient: ``[groups * (own rows + shared rows), ...]``."""
+        return (
+            {key: _joined(x, self.inputs[key], groups) for key, x in inputs.items()},
+            {key: _joined(g, self.grads[key], groups) for key, g in grads.items()},
+        )
+
+
+def _joined(own: torch.Tensor, shared: torch.Tensor, groups: int) -> torch.Tensor:
+    own = own.reshape(groups, -1, *own.shape[1:])
+    shared = shared.to(own.dtype)
+    return torch.cat([own, shared[None].expand(groups, *shared.shape)], 1).flatten(0, 1)
 
 
 class GhostStatistics:
@@ -99,21 +133,25 @@ class GhostStatistics:
         rows: int,
         groups: int = 1,
         create_graph: bool = True,
+        beside: SharedRows | None = None,
     ) -> Statistics:
         """``(inner, norm)``, each ``[groups, tensors]``, for the batch ``loss_of`` runs.
 
         ``loss_of`` runs the model on ``rows`` batch rows made of ``groups`` equal-size groups
         (LAMP's candidates, stacked) and returns the mean loss over all rows; the statistics of
-        each group are those of the gradient of its own mean loss.
+        each group are those of the gradient of its own mean loss. With ``beside``, each group
+        is its own rows together with those shared rows (:meth:`shared_rows`), and its rows'
+        loss is weighted by what is left of the batch (``1 - beside.share``).
         """
-        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
+        share = 1.0 if beside is None else 1.0 - beside.share
+        inputs, grad_of = self._captured(loss_of, rows, groups, create_graph, share)
+        if beside is not None:
+            inputs, grad_of = beside.join(inputs, grad_of, groups)
         inner: list[torch.Tensor | None] = [None] * len(self.rules)
         norm: list[torch.Tensor | None] = [None] * len(self.rules)
         for indices, group in self.linear_groups:
-            modules = [self.rules[i].module for i in indices]
-            stats = group.statistics(
-                [captures[id(m)][0] for m in modules], [grad_of[id(m)] for m in modules], groups
-            )
+            keys = [id(self.rules[i].module) for i in indices]
+            stats = group.statistics([inputs[k] for k in keys], [grad_of[k] for k in keys], groups)
             for index, pair in zip(indices, stats, strict=True):
                 if pair is not None:
                     inner[index], norm[index] = pair
@@ -124,13 +162,13 @@ class GhostStatistics:
             if inner[index] is not None:
                 continue
             # The output gradient in ``dtype`` carries it through each rule's products.
-            capture = captures[id(rule.module)][0]
+            x = inputs[id(rule.module)]
             grad = in_dtype(grad_of[id(rule.module)], self.dtype)
             if type(rule).statistics is Rule.statistics:
-                gradient = rule.gradient(capture, grad, groups)
+                gradient = rule.gradient(x, grad, groups)
                 formed.setdefault(gradient.shape, []).append((index, gradient))
             else:
-                inner[index], norm[index] = rule.statistics(capture, grad, groups)
+                inner[index], norm[index] = rule.statistics(x, grad, groups)
         for members in formed.values():
             gradients = torch.stack([g for _, g in members])  # [K, groups, ...]
             targets = torch.stack([self.rules[i].target for i, _ in members])  # [K, G, ...]
@@ -139,6 +177,19 @@ class GhostStatistics:
             for k, (index, _) in enumerate(members):
                 inner[index], norm[index] = a[k], b[k]
         return torch.stack(inner, dim=1), torch.stack(norm, dim=1)
+
+    def shared_rows(
+        self, loss_of: Callable[[], torch.Tensor], rows: int, share: float
+    ) -> SharedRows:
+        """The rows every group of later :meth:`statistics` calls shares, run once:
+        ``loss_of`` runs them (their mean loss), ``share`` is their part of the batch's mean
+        loss (``rows / batch`` for a loss that is a mean over rows). Not differentiable."""
+        inputs, grad_of = self._captured(loss_of, rows, 1, False, share)
+        return SharedRows(
+            {key: x.detach() for key, x in inputs.items()},
+            {key: g.detach() for key, g in grad_of.items()},
+            share,
+        )
 
     def gradients(
         self,
@@ -150,9 +201,9 @@ class GhostStatistics:
         """Every matched tensor's gradient of each group's mean loss, ``[groups, *shape]``,
         formed from the same captures as the statistics: what a distance without a statistics
         form (TAG's L1 term, squared L2) compares, for several problems stacked at once."""
-        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
+        inputs, grad_of = self._captured(loss_of, rows, groups, create_graph)
         return [
-            rule.gradient(captures[id(rule.module)][0], grad_of[id(rule.module)], groups)
+            rule.gradient(inputs[id(rule.module)], grad_of[id(rule.module)], groups)
             for rule in self.rules
         ]
 
@@ -169,23 +220,29 @@ class GhostStatistics:
         targets per group): linear weights streamed from their captures
         (:mod:`gradleak.attacks.streamed`), the other tensors' gradients formed and compared
         by ``rest`` (the same distance on ``[groups, *shape]`` tensors)."""
-        captures, grad_of = self._captured(loss_of, rows, groups, create_graph)
+        inputs, grad_of = self._captured(loss_of, rows, groups, create_graph)
         total = torch.zeros(groups, device=self.target_norms.device)
         formed, targets = [], []
         for rule in self.rules:
-            capture, grad = captures[id(rule.module)][0], grad_of[id(rule.module)]
+            x, grad = inputs[id(rule.module)], grad_of[id(rule.module)]
             if isinstance(rule, LinearWeight):
-                a, b = rule.factors(capture, grad, groups)
+                a, b = rule.factors(x, grad, groups)
                 total = total + streamed_l2_l1(a, b, rule.target, l1_weight)
             else:
-                formed.append(rule.gradient(capture, grad, groups))
+                formed.append(rule.gradient(x, grad, groups))
                 targets.append(rule.target)
         return total + rest(formed, targets) if formed else total
 
     def _captured(
-        self, loss_of: Callable[[], torch.Tensor], rows: int, groups: int, create_graph: bool
-    ) -> tuple[dict[int, list[Capture]], dict[int, torch.Tensor]]:
-        """Run ``loss_of`` with the hooks on: each module's capture and its output gradient."""
+        self,
+        loss_of: Callable[[], torch.Tensor],
+        rows: int,
+        groups: int,
+        create_graph: bool,
+        share: float = 1.0,
+    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Run ``loss_of`` with the hooks on: each module's input and its output gradient, by
+        module id. Each group's loss is the mean over its own rows times ``share``."""
         with self._capturing(rows) as captures:
             loss = loss_of()
         for module in self.modules:  # not run, or run twice: the capture would be ambiguous
@@ -195,13 +252,13 @@ class GhostStatistics:
         outputs = [captures[id(m)][0].output for m in self.modules]
         # Each group's loss is the mean over its own rows: the stacked mean times ``groups``.
         grads = torch.autograd.grad(
-            loss * groups, outputs, create_graph=create_graph, allow_unused=True
+            loss * (groups * share), outputs, create_graph=create_graph, allow_unused=True
         )
         grad_of = {
             id(m): torch.zeros_like(o) if g is None else g
             for m, o, g in zip(self.modules, outputs, grads, strict=True)
         }
-        return captures, grad_of
+        return {key: c[0].input for key, c in captures.items()}, grad_of
 
     @contextmanager
     def _capturing(self, rows: int) -> Iterator[dict[int, list[Capture]]]:

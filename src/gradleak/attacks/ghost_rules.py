@@ -33,7 +33,7 @@ Statistics = tuple[torch.Tensor, torch.Tensor]  # (<G, T>, ||G||^2), each [group
 
 
 class Rule:
-    """How one matched tensor's statistics follow from its module's capture.
+    """How one matched tensor's statistics follow from its module's input and output gradient.
 
     ``target`` is ``[G, *shape]``: one target for every group (``G = 1``) or one per group."""
 
@@ -41,12 +41,12 @@ class Rule:
         self.module = module
         self.target = target.detach()
 
-    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
-        gradient = self.gradient(capture, grad_out, groups)  # [groups, *target.shape]
+    def statistics(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> Statistics:
+        gradient = self.gradient(inputs, grad_out, groups)  # [groups, *target.shape]
         dims = tuple(range(1, gradient.dim()))
         return (gradient * self.target).sum(dims), (gradient * gradient).sum(dims)
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+    def gradient(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -80,16 +80,16 @@ class LinearWeight(Rule):
         return self.target if self.transposed else self.target.mT
 
     def factors(
-        self, capture: Capture, grad_out: torch.Tensor, groups: int
+        self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each group's gradient as ``A^T B`` (``[groups, n, rows]``, ``[groups, n, cols]``):
         output gradients and inputs, or inputs and output gradients for a Conv1D."""
         d = _rows(grad_out, groups)[..., self.out_slice]
-        x = _rows(capture.input, groups)[..., self.in_slice].to(d.dtype)
+        x = _rows(inputs, groups)[..., self.in_slice].to(d.dtype)
         return (x, d) if self.transposed else (d, x)
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
-        a, b = self.factors(capture, grad_out, groups)
+    def gradient(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        a, b = self.factors(inputs, grad_out, groups)
         return a.mT @ b
 
 
@@ -100,7 +100,7 @@ class _Bias(Rule):
         super().__init__(module, target)
         self.cut = slice(None) if spec.dim is None else slice(spec.start, spec.stop)
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+    def gradient(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
         return _rows(grad_out, groups)[..., self.cut].sum(1)
 
 
@@ -134,16 +134,13 @@ class LinearGroup:
         return self._subsets[key]
 
     def statistics(
-        self, captures: list[Capture], grads: list[torch.Tensor], groups: int
+        self, inputs: list[torch.Tensor], grads: list[torch.Tensor], groups: int
     ) -> list[Statistics | None]:
         """Each rule's ``(inner, norm)`` (``[groups]`` each), or None for long inputs, whose
         gradient (``in x out``) is smaller than the token products (``n x n``): the caller
         forms it. Rules whose modules read different token counts (a pooler reads one
         position) are stacked apart."""
-        x = [
-            _rows(c.input, groups)[..., r.in_slice]
-            for r, c in zip(self.rules, captures, strict=True)
-        ]
+        x = [_rows(x, groups)[..., r.in_slice] for r, x in zip(self.rules, inputs, strict=True)]
         d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads, strict=True)]
         by_tokens: dict[int, list[int]] = {}
         for k, inputs in enumerate(x):
@@ -200,8 +197,8 @@ def _normalized(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class _NormWeight(Rule):
     """The elementwise weight of a LayerNorm / RMSNorm: ``sum(D * x_hat)``."""
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
-        x_hat = _normalized(self.module, capture.input)
+    def gradient(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        x_hat = _normalized(self.module, inputs)
         return _rows(grad_out * x_hat, groups).sum(1)
 
 
@@ -211,9 +208,9 @@ class _EmbeddingTable(Rule):
     Only the rows the batch reads are formed (``[groups, used rows, d]``): the others are zero
     and add nothing to either statistic."""
 
-    def _used_rows(self, capture: Capture, grad_out: torch.Tensor, groups: int):
+    def _used_rows(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int):
         """The table rows the batch reads and each group's gradient for them."""
-        ids = capture.input.reshape(groups, -1)
+        ids = inputs.reshape(groups, -1)
         d = _rows(grad_out, groups)
         padding = self.module.padding_idx
         if padding is not None:
@@ -222,13 +219,13 @@ class _EmbeddingTable(Rule):
         rows = d.new_zeros(groups, len(used), d.shape[-1])
         return used, rows.scatter_add(1, index[..., None].expand_as(d), d)
 
-    def statistics(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> Statistics:
-        used, rows = self._used_rows(capture, grad_out, groups)
+    def statistics(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> Statistics:
+        used, rows = self._used_rows(inputs, grad_out, groups)
         target = self.target[:, used]
         return (rows * target).sum((1, 2)), (rows * rows).sum((1, 2))
 
-    def gradient(self, capture: Capture, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
-        used, rows = self._used_rows(capture, grad_out, groups)
+    def gradient(self, inputs: torch.Tensor, grad_out: torch.Tensor, groups: int) -> torch.Tensor:
+        used, rows = self._used_rows(inputs, grad_out, groups)
         table = rows.new_zeros(groups, *self.target.shape[1:])
         return table.index_copy(1, used, rows)
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from gradleak import devices
+from gradleak.attacks import row_scoring
 from gradleak.attacks.adaptive import SIGN, adaptation_for
 from gradleak.attacks.distances import DISTANCES, Distance, cos_distance, l2_distance, make_distance
 from gradleak.attacks.dummy_loss import PREFIX, TaskLoss, eval_mode
@@ -263,6 +264,14 @@ class GradientMatcher:
             if not torch.allclose(by_captures[0] / scale, by_autograd / scale, atol=1e-4):
                 return None
         return captures
+
+    @cached_property
+    def rows_apart(self) -> bool:
+        """Whether candidates that change one row can be scored beside the batch's other
+        rows run once (:mod:`gradleak.attacks.row_scoring`), checked once on a probe input."""
+        if self.ghost is None:
+            return False
+        return row_scoring.rows_apart(self, self._probe_input()[0])
 
     @property
     def task_loss(self) -> TaskLoss:

@@ -5,6 +5,7 @@ Gaussian draw, or LAMP's search over 500 draws and 500 orders) and LAMP's discre
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,16 +92,18 @@ def discrete_round(
             perms = candidate_permutations(slots.tolist(), length, s.candidates, generator)
             perms = perms.to(free.device)  # drawn on the CPU: one draw on every device
             unique, inverse = torch.unique(perms, dim=0, return_inverse=True)
-            candidates = free.expand(len(unique), -1, -1, -1).clone()
-            candidates[:, b] = free[b][unique]
+            rows = free[b][unique]  # [U, L, d]: sentence b reordered, one per unique order
+            score = ws.row_scorer(free, b)
             if prior is None:
-                score = ws.score(candidates).double()
+                totals = score(rows).double()
             else:
                 cand_sums, cand_counts = prior.sentence_nll(ids[b][unique][:, slots].tolist())
                 other_sum, other_count = sums.sum() - sums[b], counts.sum() - counts[b]
                 lm = (cand_sums + other_sum) / (cand_counts + other_count).clamp(min=1)
-                score = scores_that_can_win(ws, candidates, s.alpha_lm * lm, int(inverse[0]))
-            per_candidate = torch.nan_to_num(score, nan=float("inf"))[inverse]
+                totals = scores_that_can_win(
+                    score, rows, s.alpha_lm * lm, int(inverse[0]), ws.group
+                )
+            per_candidate = torch.nan_to_num(totals, nan=float("inf"))[inverse]
             k = int(per_candidate.argmin())  # ties keep the first: the identity
             u = int(inverse[k])
             if torch.equal(unique[u], perms[0]):
@@ -113,21 +116,24 @@ def discrete_round(
 
 
 def scores_that_can_win(
-    ws: Workspace, candidates: torch.Tensor, prior_terms: torch.Tensor, current: int
+    score: Callable[[torch.Tensor], torch.Tensor],
+    candidates: torch.Tensor,
+    prior_terms: torch.Tensor,
+    current: int,
+    group: int,
 ) -> torch.Tensor:
-    """Each candidate's matching loss plus its prior term, where it can still be the lowest;
-    ``inf`` where it cannot (``[C]``, float64).
+    """Each candidate's matching loss (``score`` of its rows) plus its prior term, where it
+    can still be the lowest; ``inf`` where it cannot (``[C]``, float64).
 
     The matching loss is a distance, never negative, so a candidate whose prior term alone
     exceeds the lowest total found so far cannot win, and its matching loss (a forward and
-    backward pass of the victim) is not computed. Candidates are scored a group at a time in
+    backward pass of the victim) is not computed. Candidates are scored ``group`` at a time in
     ascending order of prior term, the ``current`` order first, so the bound tightens early.
     The lowest total and its candidate are those of scoring every candidate, LAMP's rule: every
     candidate left out scores above it. On CoLA's first input the prior terms of a round's
     reorderings spread by tenths and the matching losses by hundredths: 82-95% can be left out
     (benchmarks/MEASURED.md).
     """
-    group = ws.group
     order = [current] + [
         c for c in torch.argsort(prior_terms, stable=True).tolist() if c != current
     ]
@@ -138,7 +144,7 @@ def scores_that_can_win(
         chosen = [c for c in order[start : start + group] if terms[c] <= lowest]
         if not chosen:  # the rest come in ascending order: none can win
             break
-        matching = ws.score(candidates[chosen]).double()
+        matching = score(candidates[chosen]).double()
         total = torch.nan_to_num(matching + prior_terms[chosen], nan=float("inf"))
         totals[chosen] = total
         lowest = min(lowest, float(total.min()))

@@ -4,11 +4,13 @@ the known template around them, and the projection of embeddings to vocabulary t
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
+from gradleak.attacks import row_scoring
 from gradleak.attacks.objective import GradientMatcher
 
 _UNUSED = re.compile(r"^\[unused\d+\]$")
@@ -92,6 +94,29 @@ class Workspace:
         """Candidates handled together: the scoring chunk (one-by-one scoring still projects
         and orders candidates in groups)."""
         return self.chunk or 32
+
+    def row_scorer(self, free: torch.Tensor, row: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Scores candidates for one row of the batch: a function of ``[C, L, d]`` free
+        embeddings of row ``row`` (the other rows as in ``free``, ``[B, L, d]``) to their
+        matching losses, ``[C]``. Where the matcher keeps rows apart the other rows run once
+        here (:mod:`gradleak.attacks.row_scoring`); otherwise each candidate is scored as
+        the whole batch."""
+        if self.chunk > 0 and not self.needs_ids and self.matcher.rows_apart:
+            embeds = torch.where(self.free_mask, free, self.fixed)
+            shared = row_scoring.shared_rows(self.matcher, embeds, row)
+
+            def apart(rows: torch.Tensor) -> torch.Tensor:
+                own = torch.where(self.free_mask[row], rows, self.fixed[row])
+                return row_scoring.losses_beside(self.matcher, shared, row, own, self.chunk)
+
+            return apart
+
+        def whole(rows: torch.Tensor) -> torch.Tensor:
+            candidates = free.expand(rows.shape[0], -1, -1, -1).clone()
+            candidates[:, row] = rows
+            return self.score(candidates)
+
+        return whole
 
     def score(self, free: torch.Tensor) -> torch.Tensor:
         """Matching loss of each candidate (``[C, B, L, d]`` free embeddings): ``[C]``."""
