@@ -6,6 +6,8 @@ Suites:
   discrete_round LAMP_cos's discrete round on MiniLM, batched vs one-by-one scoring.
   batch_round    LAMP_cos's discrete round on MiniLM CoLA at B = 2, 4, 8: each sentence's
                  candidates beside the other sentences run once, vs as whole batches.
+  candidate_scoring LAMP_L2+L1's candidate scoring on MiniLM: streamed from one stacked pass
+                 (4 to 64 candidates a pass) vs vmap over materialized gradients.
   input_time     LAMP_cos per CoLA input at the paper budget, batched vs one-by-one scoring
                  (--batches inputs; each phase's seconds).
   throughput     LAMP_cos on --batches CoLA inputs at the paper budget: one process with

@@ -3,9 +3,10 @@
 Given dummy token embeddings, compute the gradient the client would have sent for them and its
 distance to the received update, differentiably (``create_graph=True``), so the embeddings can
 be optimized. LAMP also scores hundreds of candidate inputs per round without differentiating
-through them: :meth:`GradientMatcher.batched_loss` does that with ``torch.func`` (one vectorized
-gradient per candidate instead of a Python loop), or for the cosine and squared L2 by ghost
-statistics (:mod:`gradleak.attacks.ghost`), which form no per-candidate gradient at all.
+through them: :meth:`GradientMatcher.batched_loss` (:mod:`gradleak.attacks.candidate_scoring`)
+stacks them into one batch, by ghost statistics (:mod:`gradleak.attacks.ghost`) for the cosine
+and squared L2 and streamed for squared L2 plus L1, forming no per-candidate gradient, else
+with ``torch.func`` (one vectorized gradient per candidate instead of a Python loop).
 
 Two options change what is compared. ``normalize="tensor"`` makes every matched tensor's term
 scale-free and weighs the terms equally (Li, Xu & Dras 2024, eq. 1-4; see
@@ -21,11 +22,12 @@ from functools import cached_property
 
 import torch
 from torch import nn
-from torch.func import grad, vmap
+from torch.func import grad
 
 from gradleak import devices
 from gradleak.attacks import row_scoring
 from gradleak.attacks.adaptive import SIGN, adaptation_for
+from gradleak.attacks.candidate_scoring import CandidateScoring
 from gradleak.attacks.distances import DISTANCES, Distance, cos_distance, l2_distance, make_distance
 from gradleak.attacks.dummy_loss import PREFIX, TaskLoss, eval_mode
 from gradleak.attacks.ghost import GhostStatistics, GhostUnsupported
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 
-class GradientMatcher:
+class GradientMatcher(CandidateScoring):
     """Computes dummy gradients on the attacker's own copy of the global model.
 
     ``mode`` is the attacker's model mode for dummy gradients: ``eval`` is Wang & Li's
@@ -333,116 +335,3 @@ class GradientMatcher:
             return self._ghost_losses(embeds[None], one_ids, create_graph)[0]
         grads = self.dummy_gradients(embeds, ids, create_graph)
         return self.distance(grads, self.targets)
-
-    def _ghost_losses(
-        self, embeds: torch.Tensor, ids: torch.Tensor | None, create_graph: bool
-    ) -> torch.Tensor:
-        """Distance of each candidate ``embeds[c]`` (``[C, B, L, d]``) by the ghost path: the
-        candidates run as one batch of ``C * B`` rows, each keeping its own statistics."""
-        count, batch = embeds.shape[:2]
-        labels = {k: v.repeat(count) for k, v in (self.labels or {}).items()}
-        mask = self.attention_mask.repeat(count, 1)
-        types = None if self.token_type_ids is None else self.token_type_ids.repeat(count, 1)
-        flat = embeds.reshape(count * batch, *embeds.shape[2:])
-        flat_ids = None if ids is None else ids.reshape(count * batch, *ids.shape[2:])
-
-        def loss_of() -> torch.Tensor:
-            return self._loss_module(flat, labels, flat_ids, mask, types)
-
-        inner, norm = self.ghost.statistics(loss_of, count * batch, count, create_graph)
-        return self.distance.from_statistics(inner, norm, self.ghost.target_norms)
-
-    def batched_loss(
-        self,
-        embeds: torch.Tensor,
-        ids: torch.Tensor | None = None,
-        chunk: int = 0,
-    ) -> torch.Tensor:
-        """Matching loss of each candidate ``embeds[c]`` (``[C, B, L, d]``), not differentiable.
-
-        The same number as :meth:`loss` per candidate, computed ``chunk`` candidates at a time:
-        on the ghost path as one stacked batch (no per-candidate gradient is formed), otherwise
-        with ``vmap`` over ``torch.func.grad``, where all candidates of a chunk share one dropout
-        mask in train mode. ``chunk=0`` loops one by one with each candidate's gradient
-        materialized (the reference's way, and the fallback for a model torch.func cannot
-        trace). On the ghost path a train-mode attacker draws each row's dropout mask apart, as
-        the one-by-one loop does.
-        """
-        if chunk > 0 and self.ghost is not None:
-            return self._stacked_losses(embeds, ids, chunk)
-        if chunk <= 0:
-            return self._looped_losses(embeds, ids)
-        return self._vmapped_losses(embeds, ids, chunk)
-
-    def _stacked_losses(
-        self, embeds: torch.Tensor, ids: torch.Tensor | None, chunk: int
-    ) -> torch.Tensor:
-        """:meth:`batched_loss` on the ghost path: ``chunk`` candidates per stacked batch."""
-        with torch.enable_grad():
-            parts = [
-                self._ghost_losses(
-                    embeds[start : start + chunk],
-                    None if ids is None else ids[start : start + chunk],
-                    create_graph=False,
-                ).detach()
-                for start in range(0, embeds.shape[0], chunk)
-            ]
-        return torch.cat(parts)
-
-    def _looped_losses(self, embeds: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`batched_loss` one candidate at a time, each gradient materialized."""
-        with torch.enable_grad():
-            losses = [
-                self.distance(
-                    self.dummy_gradients(embeds[c], None if ids is None else ids[c], False),
-                    self.targets,
-                ).detach()
-                for c in range(embeds.shape[0])
-            ]
-        return torch.stack(losses)
-
-    def _vmapped_losses(
-        self, embeds: torch.Tensor, ids: torch.Tensor | None, chunk: int
-    ) -> torch.Tensor:
-        """:meth:`batched_loss` by ``vmap`` over each candidate's gradient (or simulated round),
-        ``chunk`` candidates at a time; a chunk shares one dropout mask in train mode."""
-        params = {name: p.detach() for name, p in zip(self.param_names, self.params, strict=True)}
-        labels = self.labels or {}
-        module = self._loss_module
-        simulator = self.simulator
-
-        rows = None  # the current chunk's table rows, set below (read when ``one`` runs)
-
-        def one(candidate: torch.Tensor, candidate_ids: torch.Tensor | None) -> torch.Tensor:
-            if simulator is not None:
-                by_name = simulator.pseudo_gradient(
-                    candidate, labels, candidate_ids, rows, self._names
-                )
-            else:
-                by_name = grad(module.with_parameters)(params, candidate, labels, candidate_ids)
-            return self.distance([s.take(by_name[s.param]) for s in self.specs], self.targets)
-
-        batched = vmap(one, in_dims=(0, None if ids is None else 0), randomness="same")
-        out = []
-        with torch.no_grad():
-            for start in range(0, embeds.shape[0], chunk):
-                part = slice(start, start + chunk)
-                part_ids = None if ids is None else ids[part]
-                if simulator is not None:  # the rows of the whole chunk (unique is not vmapped)
-                    rows = simulator.table_rows(part_ids)
-                out.append(batched(embeds[part], part_ids))
-        return torch.cat(out)
-
-    def candidate_numel(self) -> int:
-        """Entries one candidate's scoring keeps (sizes batched scoring): on the ghost path its
-        activations (about 40 per token, hidden unit and layer), else the matched parameters'
-        gradients or a simulated round's weights and optimizer state, per batch row."""
-        if self.ghost is not None:
-            gm = self.knowledge.global_model
-            layers = gm.adapter.num_layers(unwrap(self.model))
-            hidden = gm.adapter.token_embedding(unwrap(self.model)).weight.shape[1]
-            return 40 * self.attention_mask.numel() * hidden * layers
-        rows = self.attention_mask.shape[0]
-        if self.simulator is not None:
-            return self.simulator.state_numel() * rows
-        return sum(p.numel() for p in self.params) * rows
