@@ -24,11 +24,6 @@ if TYPE_CHECKING:
     from gradleak.attacks.distances import Distance
     from gradleak.attacks.ghost import GhostStatistics
 
-# Candidates per streamed scoring pass: a block of ``G - T`` spans every candidate, so more
-# candidates make thinner blocks and more calls per block; on MiniLM, 64 LAMP_L2+L1 candidates
-# scored 16 a pass took 2.1 s against 2.9 s at 64 and 6-7 s by ``vmap`` 8 at a time (CPU).
-STREAMED_CANDIDATES = 16
-
 
 class CandidateScoring:
     """Batched candidate scoring for :class:`~gradleak.attacks.objective.GradientMatcher`,
@@ -93,12 +88,12 @@ class CandidateScoring:
 
         The same number as :meth:`loss` per candidate, computed ``chunk`` candidates at a time:
         on the ghost path as one stacked batch (no per-candidate gradient is formed), for
-        squared L2 plus L1 as one stacked batch streamed from its captures (at most
-        :data:`STREAMED_CANDIDATES` a pass), otherwise with ``vmap`` over ``torch.func.grad``,
-        where all candidates of a chunk share one dropout mask in train mode. ``chunk=0`` loops
-        one by one with each candidate's gradient materialized (the reference's way, and the
-        fallback for a model torch.func cannot trace). On the stacked paths a train-mode
-        attacker draws each row's dropout mask apart, as the one-by-one loop does.
+        squared L2 plus L1 as one stacked batch streamed from its captures, otherwise with
+        ``vmap`` over ``torch.func.grad``, where all candidates of a chunk share one dropout
+        mask in train mode. ``chunk=0`` loops one by one with each candidate's gradient
+        materialized (the reference's way, and the fallback for a model torch.func cannot
+        trace). On the stacked paths a train-mode attacker draws each row's dropout mask
+        apart, as the one-by-one loop does.
         """
         if chunk > 0 and (self.ghost is not None or self.streams_candidates):
             return self._stacked_losses(embeds, ids, chunk)
@@ -111,8 +106,6 @@ class CandidateScoring:
     ) -> torch.Tensor:
         """:meth:`batched_loss` as one stacked batch per ``chunk`` candidates: by the ghost
         statistics, or streamed (:meth:`_streamed_losses`)."""
-        if self.ghost is None:
-            chunk = min(chunk, STREAMED_CANDIDATES)
         parts = []
         with torch.enable_grad():
             for start in range(0, embeds.shape[0], chunk):
