@@ -54,13 +54,17 @@ def test_ghost_loss_and_its_gradient_equal_autograd(tiny_victim, name, task, pro
     assert torch.allclose(ghost_grad, plain_grad, rtol=1e-3, atol=1e-5 * plain_grad.abs().max())
 
 
+@pytest.mark.parametrize("distance", ["cos", "tag"])
 @pytest.mark.parametrize(
     ("name", "task"), [("tiny-bert", "classification"), ("tiny-llama", "causal_lm")]
 )
-def test_stacked_candidates_keep_their_own_statistics(tiny_victim, name, task):
-    """Candidates stacked into one batch score as if each ran alone (and in any grouping)."""
+def test_stacked_candidates_keep_their_own_statistics(tiny_victim, name, task, distance):
+    """Candidates stacked into one batch score as if each ran alone (and in any grouping):
+    by ghost statistics for the cosine, streamed from the captures for TAG's L2 + L1 (LAMP_L2+L1's
+    start and discrete rounds)."""
     victim = tiny_victim(name, task)
-    batch, matcher = matcher_for(victim, Protocol(mode="eval"))
+    batch, matcher = matcher_for(victim, Protocol(mode="eval"), DISTANCES[distance])
+    assert matcher.ghost is not None if distance == "cos" else matcher.streams_candidates
     hidden = victim.adapter.token_embedding(unwrap(matcher.model)).weight.shape[1]
     candidates = torch.randn(5, *batch.input_ids.shape, hidden)
     ids = batch.input_ids.expand(5, -1, -1) if task == "causal_lm" else None

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import encode
 
 from gradleak.attacks import streamed
 from gradleak.attacks.distances import tag_distance
-from gradleak.attacks.objective import GradientMatcher
-from gradleak.data import Example
-from gradleak.federated.client import GlobalModel, compute_update
-from gradleak.federated.protocol import Protocol
-from gradleak.federated.server import server_knowledge
-from gradleak.models.tasks import unwrap
 
 
 def materialized(a, b, target, l1_weight):
@@ -64,29 +57,3 @@ def test_the_gradient_flows_on_through_the_factors():
 
 def test_tag_says_it_can_be_streamed():
     assert tag_distance(0.01).entrywise_l1 == 0.01
-
-
-@pytest.mark.parametrize(
-    ("name", "task", "batch"),
-    [("tiny-bert", "classification", 1), ("tiny-bert", "classification", 2),
-     ("tiny-gpt2", "causal_lm", 1)],
-)  # fmt: skip
-def test_lamp_l2l1_candidates_scored_streamed_are_scored_as_one_by_one(
-    tiny_victim, name, task, batch
-):
-    """LAMP_L2+L1's start and discrete rounds score candidates stacked and streamed: each
-    candidate's loss is the one its own materialized gradient gives (in any grouping)."""
-    victim = tiny_victim(name, task)
-    examples = [Example("the cat sat on the mat", 1), Example("a dog ran", 0)][:batch]
-    encoded = encode(victim, examples)
-    gm = GlobalModel.build(victim, Protocol(mode="eval"))
-    update = compute_update(gm, encoded, seed=0)
-    matcher = GradientMatcher(update, server_knowledge(gm, encoded), tag_distance())
-    assert matcher.ghost is None and matcher.streams_candidates
-    hidden = victim.adapter.token_embedding(unwrap(matcher.model)).weight.shape[1]
-    candidates = torch.randn(5, *encoded.input_ids.shape, hidden)
-    ids = encoded.input_ids.expand(5, -1, -1) if task == "causal_lm" else None
-    stacked = matcher.batched_loss(candidates, ids, chunk=3)
-    alone = matcher.batched_loss(candidates, ids, chunk=0)  # materialized, one by one
-    assert torch.allclose(stacked, alone, rtol=1e-5, atol=1e-7)
-    assert len(set(alone.tolist())) == 5  # the candidates differ, so the test can fail
