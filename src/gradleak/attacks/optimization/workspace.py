@@ -101,7 +101,7 @@ class Workspace:
         matching losses, ``[C]``. Where the matcher keeps rows apart the other rows run once
         here (:mod:`gradleak.attacks.row_scoring`); otherwise each candidate is scored as
         the whole batch."""
-        if self.chunk > 0 and not self.needs_ids and self.matcher.rows_apart:
+        if self.chunk > 0 and self.matcher.rows_apart:  # (it reads no token ids)
             embeds = torch.where(self.free_mask, free, self.fixed)
             shared = row_scoring.shared_rows(self.matcher, embeds, row)
 
