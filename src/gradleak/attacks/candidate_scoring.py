@@ -59,16 +59,21 @@ class CandidateScoring:
         """The mean loss of candidates ``embeds`` (``[C, B, L, d]``) run as one batch, its
         rows (``C * B``) and groups (``C``)."""
         count, batch = embeds.shape[:2]
-        labels = {k: v.repeat(count) for k, v in (self.labels or {}).items()}
-        mask = self.attention_mask.repeat(count, 1)
-        types = None if self.token_type_ids is None else self.token_type_ids.repeat(count, 1)
         flat = embeds.reshape(count * batch, *embeds.shape[2:])
         flat_ids = None if ids is None else ids.reshape(count * batch, *ids.shape[2:])
+        rows = torch.arange(batch).repeat(count)
+        return self.loss_of_rows(flat, rows, flat_ids), count * batch, count
 
-        def loss_of() -> torch.Tensor:
-            return self._loss_module(flat, labels, flat_ids, mask, types)
-
-        return loss_of, count * batch, count
+    def loss_of_rows(
+        self, embeds: torch.Tensor, rows: torch.Tensor | list[int], ids: torch.Tensor | None = None
+    ) -> Callable[[], torch.Tensor]:
+        """The mean loss of ``embeds`` (``[n, L, d]``) whose row ``i`` stands for the batch's
+        row ``rows[i]``: that row's labels, attention mask and token types. A candidate stack
+        repeats the batch's rows; a candidate for one sentence repeats that sentence's row."""
+        labels = {key: value[rows] for key, value in (self.labels or {}).items()}
+        mask = self.attention_mask[rows]
+        types = None if self.token_type_ids is None else self.token_type_ids[rows]
+        return lambda: self._loss_module(embeds, labels, ids, mask, types)
 
     @property
     def streams_candidates(self) -> bool:

@@ -16,7 +16,6 @@ batch (:func:`rows_apart`); where it does not, the caller scores whole batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,23 +29,12 @@ if TYPE_CHECKING:
 _ROW_MEAN_TASKS = ("classification", "qa")
 
 
-def _loss_of_rows(
-    matcher: GradientMatcher, embeds: torch.Tensor, rows: list[int]
-) -> Callable[[], torch.Tensor]:
-    """The mean loss of ``embeds`` (``[n, L, d]``) standing for the batch's rows ``rows``
-    (their labels, attention masks and token types)."""
-    labels = {key: value[rows] for key, value in (matcher.labels or {}).items()}
-    mask = matcher.attention_mask[rows]
-    types = None if matcher.token_type_ids is None else matcher.token_type_ids[rows]
-    return lambda: matcher.task_loss(embeds, labels, None, mask, types)
-
-
 def shared_rows(matcher: GradientMatcher, embeds: torch.Tensor, row: int) -> SharedRows:
     """Every row of the batch ``embeds`` (``[B, L, d]``) but ``row``, run once: what each
     candidate for ``row`` shares."""
     batch = embeds.shape[0]
     others = [r for r in range(batch) if r != row]
-    loss_of = _loss_of_rows(matcher, embeds[others], others)
+    loss_of = matcher.loss_of_rows(embeds[others], others)
     with torch.enable_grad():
         return matcher.ghost.shared_rows(loss_of, len(others), len(others) / batch)
 
@@ -64,7 +52,7 @@ def losses_beside(
     with torch.enable_grad():
         for start in range(0, candidates.shape[0], chunk):
             part = candidates[start : start + chunk]
-            loss_of = _loss_of_rows(matcher, part, [row] * part.shape[0])
+            loss_of = matcher.loss_of_rows(part, [row] * part.shape[0])
             inner, norm = matcher.ghost.statistics(
                 loss_of, part.shape[0], part.shape[0], create_graph=False, beside=shared
             )
