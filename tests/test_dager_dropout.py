@@ -48,10 +48,18 @@ def test_train_mode_client_with_dropout_is_recovered_by_the_robust_check(tiny_vi
 
 
 def test_eval_mode_client_keeps_the_plain_check(tiny_victim):
-    decoded, result = attack(tiny_victim("tiny-bert"), Protocol(mode="eval"), SENTENCE)
+    """Without dropout the plain span check runs; where the embedding rows place the tokens
+    (an encoder's gradient) they decide alone and layer 1's pass is skipped."""
+    victim = tiny_victim("tiny-bert")
+    spans = DagerSettings(embedding_rows=False)
+    decoded, result = attack(victim, Protocol(mode="eval"), SENTENCE, spans)
     assert decoded == ["the cat sat on the mat"]
     assert not any("robust" in note for note in result.info["notes"])
     assert any(note.startswith("layer-1 tokens per position") for note in result.info["notes"])
+    decoded, result = attack(victim, Protocol(mode="eval"), SENTENCE)
+    assert decoded == ["the cat sat on the mat"]
+    assert any("check not needed" in note for note in result.info["notes"])
+    assert not any(note.startswith("layer-1 tokens") for note in result.info["notes"])
 
 
 def test_robust_check_refits_the_tokenizer_markers_however_far_their_plain_distance():
