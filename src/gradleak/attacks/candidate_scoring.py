@@ -61,7 +61,7 @@ class CandidateScoring:
         count, batch = embeds.shape[:2]
         flat = embeds.reshape(count * batch, *embeds.shape[2:])
         flat_ids = None if ids is None else ids.reshape(count * batch, *ids.shape[2:])
-        rows = torch.arange(batch).repeat(count)
+        rows = torch.arange(batch, device=self.attention_mask.device).repeat(count)
         return self.loss_of_rows(flat, rows, flat_ids), count * batch, count
 
     def loss_of_rows(
