@@ -19,10 +19,13 @@ def materialized(a, b, target, l1_weight):
 @pytest.mark.parametrize("block_entries", [1 << 20, 40])  # one block; blocks of a row or two
 @pytest.mark.parametrize("l1_weight", [None, 0.01, 3.0])
 @pytest.mark.parametrize("shared_target", [False, True])
+@pytest.mark.parametrize("accelerated", [False, True])  # an accelerator's layout, run here
 def test_streamed_l2_l1_is_the_materialized_distance(
-    monkeypatch, block_entries, l1_weight, shared_target
+    monkeypatch, block_entries, l1_weight, shared_target, accelerated
 ):
     monkeypatch.setattr(streamed, "BLOCK_ENTRIES", block_entries)
+    monkeypatch.setattr(streamed, "DEVICE_BLOCK_ENTRIES", block_entries)
+    monkeypatch.setattr(streamed, "_accelerated", lambda device: accelerated)
     torch.manual_seed(0)
     problems, tokens, rows, cols = 3, 5, 7, 11
     a = torch.randn(problems, tokens, rows, dtype=torch.float64, requires_grad=True)
@@ -37,6 +40,25 @@ def test_streamed_l2_l1_is_the_materialized_distance(
     assert torch.allclose(got_a, want_a, rtol=1e-10, atol=1e-12)
     assert torch.allclose(got_b, want_b, rtol=1e-10, atol=1e-12)
     assert not got_a[1].any() and got_a[0].any()  # a problem's gradient is its own
+
+
+def test_an_accelerator_forms_each_weight_in_one_block_with_one_reduction_for_all(monkeypatch):
+    """On a CPU the blocks fit its cache and each problem's sum is its own dot; on an
+    accelerator, launch-bound, the operations a call dispatches do not grow with the stack."""
+
+    def operations(problems: int, accelerated: bool) -> int:
+        monkeypatch.setattr(streamed, "_accelerated", lambda device: accelerated)
+        a = torch.randn(problems, 3, 300, requires_grad=True)
+        b = torch.randn(problems, 3, 200, requires_grad=True)
+        target = torch.randn(problems, 300, 200)
+        with torch.profiler.profile() as profile:
+            streamed.streamed_l2_l1(a, b, target, 0.1).sum().backward()
+        return len(profile.events())
+
+    cpu = [operations(p, accelerated=False) for p in (1, 40)]
+    device = [operations(p, accelerated=True) for p in (1, 40)]
+    assert cpu[1] > 5 * cpu[0]  # 40 problems: several blocks, 40 dots in each
+    assert device[1] == device[0]
 
 
 def test_the_gradient_flows_on_through_the_factors():
