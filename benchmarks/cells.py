@@ -137,12 +137,14 @@ def cell_row(database: ExperimentDatabase, one: Cell) -> dict[str, Any] | None:
     if record is not None:
         return _row(one.name, record.to_json())
     samples = list(database.samples(status.key).values())
-    return _row(one.name, _summary(samples))
+    return _row(one.name, _summary(samples, status.device))
 
 
-def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Part-way stored samples summarized like a record."""
+def _summary(samples: list[dict[str, Any]], device: str) -> dict[str, Any]:
+    """Stored samples without a record (part-way, or adopted from kept inputs) summarized
+    like a record; ``device`` is where the cell's stored inputs ran."""
     return {
+        "device": device,
         "samples": samples,
         "metrics": runner.summarize(samples),
         "timing": {
