@@ -36,6 +36,17 @@ import os
 # beside 455 s of user time). A THP_MEM_ALLOC_ENABLE already set, 0 included, wins.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+# A waiting OpenMP thread (torch's CPU threads: GNU libgomp) spins 300,000 times by default before
+# it sleeps. Where other processes share the cores (a second run, a benchmark worker, a busy
+# laptop) the spinning thread holds the core that the thread it waits for needs: 30 steps of TAG
+# on the demo sentences, 2 threads beside two busy 1-thread processes on 2 cores, took 224 s;
+# with 1,000 spins 15 s (sleeping at once, OMP_WAIT_POLICY=PASSIVE, 12 s). On idle cores 1,000
+# spins and the default took the same time (17-19 s for 60 steps, alternated), where PASSIVE was
+# 45% slower. Read once, when torch loads libgomp; a GOMP_SPINCOUNT or OMP_WAIT_POLICY already
+# set wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 __version__ = "0.1.0"
 
 from gradleak.api import (  # noqa: E402  (the modules below read __version__)
