@@ -121,10 +121,25 @@ def run_cell(
     result = ExperimentRun(database.folder)
     run_cells([one], database, result, workers=workers, device=device, limit=limit, stack=stack)
     if one.name in result.errors:
-        print(f"{one.name}: {result.errors[one.name]}", flush=True)
+        print(
+            f"{one.name}: {result.errors[one.name]}{_kept_hint(database, one, device)}", flush=True
+        )
     else:
         print(cell_row(database, one), f"({time.perf_counter() - started:.0f} s)", flush=True)
     return one.name
+
+
+def _kept_hint(database: ExperimentDatabase, one: Cell, device: str) -> str:
+    """Where a cell's stored inputs came from ``KEPT`` and ran on another device, a fresh
+    ``--out`` adopts them again: say which file to move to start the cell afresh."""
+    status = database.status(one)
+    kept = _partial(KEPT / database.folder.name / f"{one.name}.json")
+    if status is None or status.done == 0 or status.device == device or not kept.exists():
+        return ""
+    return (
+        f" (its {status.done} inputs on {status.device} are kept in {kept}: a fresh --out"
+        f" adopts them too; move that file away to run the cell afresh on {device})"
+    )
 
 
 def cell_row(database: ExperimentDatabase, one: Cell) -> dict[str, Any] | None:
