@@ -227,8 +227,8 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         million entries whatever the stack (streamed, :mod:`gradleak.attacks.streamed`), so
         its gain is the shared forward and backward alone and fades as the stack grows
         (benchmarks/MEASURED.md: a streamed TAG step an input about the same at 8 and 16).
-        That walk bounds a CPU; a GPU's step costs the same from 1 to 32 stacked TAG updates
-        (MEASURED), so there the stack is not limited."""
+        That walk bounds a CPU; on a GPU a TAG step grew by half from 1 to 32 stacked updates
+        (one H200, MEASURED), so there the stack is not limited."""
         on_cpu = problem.ws.embedding.device.type == "cpu"
         if on_cpu and problem.ws.matcher.distance.from_statistics is None:
             return MATERIALIZED_STACK_LIMIT
