@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 from report import write_results
@@ -15,6 +17,7 @@ from stack_step import fastest_of
 
 from gradleak import runner
 from gradleak.attacks import make_attack
+from gradleak.attacks.ghost import SharedRows
 from gradleak.attacks.objective import DISTANCES, GradientMatcher
 from gradleak.attacks.optimization import DummyBatch, phases
 from gradleak.attacks.prior import CausalLMPrior
@@ -141,7 +144,9 @@ def batch_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int =
     """LAMP_cos's discrete round (200 candidates a sentence, the prior included) on MiniLM,
     CoLA's first batch of B = 2, 4, 8: each sentence's candidates scored beside the batch's
     other sentences run once (attacks/row_scoring.py) against each candidate scored as the
-    whole batch, alternating in one process, the same start and candidates."""
+    whole batch, alternating in one process, the same start and candidates. A third arm
+    scores rows apart with every tensor's statistics over the rows joined (the shared rows'
+    block of the linear weights off: what rows apart did before it)."""
     started = time.perf_counter()
     examples = load_examples("cola", data_dir, None, None)
     attack = make_attack("lamp-cos")
@@ -156,17 +161,29 @@ def batch_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int =
         ends = {}
 
         def one_round(
-            apart: bool, ws=ws, start=start, knowledge=knowledge, ok=checked, ends=ends
+            apart: bool,
+            joined: bool = False,
+            ws=ws,
+            start=start,
+            knowledge=knowledge,
+            ok=checked,
+            ends=ends,
         ) -> None:
             ws.matcher.__dict__["rows_apart"] = apart and ok
             dummy = DummyBatch(free=start.clone(), fixed=ws.fixed, free_mask=ws.free_mask)
             # a fresh prior and generator each round: the rounds repeat the same candidates
             generator = torch.Generator().manual_seed(0)
             prior = attack.prior_for(knowledge)
-            phases.discrete_round(attack.settings, ws, dummy, prior, generator, Counter())
-            ends[apart] = dummy.free
+            no_block = patch.object(SharedRows, "block", lambda *args: None)
+            with no_block if joined else nullcontext():
+                phases.discrete_round(attack.settings, ws, dummy, prior, generator, Counter())
+            ends[(apart, joined)] = dummy.free
 
-        arms = {"rows apart": partial(one_round, True), "whole batches": partial(one_round, False)}
+        arms = {
+            "rows apart": partial(one_round, True),
+            "rows apart, joined": partial(one_round, True, True),
+            "whole batches": partial(one_round, False),
+        }
         seconds = fastest_of(arms, rounds, calls=1)
         rows.append(
             {
@@ -174,16 +191,17 @@ def batch_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int =
                 "tokens": ws.template.shape[1],
                 "rows apart (checked)": checked,
                 "rows apart s/round": seconds["rows apart"],
+                "rows apart, joined s/round": seconds["rows apart, joined"],
                 "whole batches s/round": seconds["whole batches"],
                 "speedup": seconds["whole batches"] / seconds["rows apart"],
-                "same round": bool(torch.equal(ends[True], ends[False])),
+                "same round": all(torch.equal(end, ends[(False, False)]) for end in ends.values()),
             }
         )
         print(rows[-1], flush=True)
     notes = (
         f"LAMP_cos discrete round at B = 2, 4, 8 on CoLA's first batch, fastest of {rounds} "
-        "alternating rounds (each after a warm-up call), one process; 'same round': both ways "
-        "accepted the same reorderings."
+        "alternating rounds (each after a warm-up call), one process; 'same round': all ways "
+        "accepted the same reorderings; 'joined': rows apart with the shared rows' block off."
     )
     for path in write_results(out_dir, "batch_round", rows, started, notes):
         print(f"wrote {path}")

@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import encode
 
-from gradleak.attacks import make_attack
+from gradleak.attacks import make_attack, row_scoring
 from gradleak.attacks.discrete import candidate_permutations
+from gradleak.attacks.ghost import SharedRows
 from gradleak.attacks.optimization import DummyBatch
 from gradleak.attacks.optimization.phases import discrete_round
 from gradleak.data import Example
@@ -55,6 +56,35 @@ def test_each_row_scored_beside_the_others_gives_the_whole_batch_loss(tiny_victi
         apart = ws.row_scorer(free, row)(rows)
         assert apart.shape == expected.shape
         assert torch.allclose(apart, expected, rtol=1e-5, atol=1e-7), (row, apart, expected)
+
+
+@pytest.mark.parametrize("attack", ["lamp-cos", "dlg"])
+def test_the_shared_rows_own_terms_formed_once_give_the_joined_statistics(
+    tiny_victim, attack, monkeypatch
+):
+    """Linear weights add the shared rows' own ``<G, T>`` and ``||G||^2``, formed once, to the
+    candidates' terms and their products with the shared rows: the statistics of the rows
+    joined, every tensor, in float32 (LAMP_cos) and float64 (DLG)."""
+    ws = workspace(tiny_victim("tiny-bert"), attack)
+    matcher, row = ws.matcher, 1
+    free = torch.randn(*ws.fixed.shape, generator=torch.Generator().manual_seed(3))
+    candidates = reorderings(ws, free, row, count=8)
+    shared = row_scoring.shared_rows(matcher, free, row)
+
+    def statistics():
+        loss_of = matcher.loss_of_rows(candidates, [row] * len(candidates))
+        with torch.enable_grad():
+            return matcher.ghost.statistics(
+                loss_of, len(candidates), len(candidates), create_graph=False, beside=shared
+            )
+
+    inner, norm = statistics()
+    assert any(block is not None for block in shared._blocks.values())
+    monkeypatch.setattr(SharedRows, "block", lambda *args: None)  # every tensor joined
+    joined_inner, joined_norm = statistics()
+    assert torch.allclose(inner, joined_inner, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(norm, joined_norm, rtol=1e-5, atol=1e-9)
+    assert not torch.equal(norm[0], norm[1])  # the candidates differ
 
 
 def _rows_run(model) -> list[int]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from gradleak.attacks.ghost_rules import (
     LinearGroup,
     LinearWeight,
     Rule,
+    SharedBlock,
     Statistics,
     in_dtype,
     rule_for,
@@ -61,21 +62,29 @@ class SharedRows:
     are the same in every candidate. Where rows do not interact (an eval-mode encoder whose
     loss is a mean over rows), a candidate's gradient is its own row's share plus theirs, so
     they are run once and only the changed row runs per candidate; the statistics are then
-    formed over the candidate's tokens and the shared ones together, as the whole batch's."""
+    formed over the candidate's tokens and the shared ones together, as the whole batch's.
+    Linear weights take the shared rows' own terms from a block formed once
+    (:meth:`LinearGroup.shared_block`); the other tensors read the rows joined."""
 
     inputs: dict[int, torch.Tensor]
     grads: dict[int, torch.Tensor]
     share: float
+    # Each linear group's block (by its index in the statistics' groups), formed on first use.
+    _blocks: dict[int, SharedBlock | None] = field(default_factory=dict, repr=False)
 
     def join(
-        self, inputs: dict[int, torch.Tensor], grads: dict[int, torch.Tensor], groups: int
-    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Each group's own rows followed by the shared ones, for every module's input and
-        output gradient: ``[groups * (own rows + shared rows), ...]``."""
-        return (
-            {key: _joined(x, self.inputs[key], groups) for key, x in inputs.items()},
-            {key: _joined(g, self.grads[key], groups) for key, g in grads.items()},
-        )
+        self, key: int, inputs: torch.Tensor, grads: torch.Tensor, groups: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Module ``key``'s input and output gradient for each group's own rows followed by
+        the shared ones: ``[groups * (own rows + shared rows), ...]``."""
+        return _joined(inputs, self.inputs[key], groups), _joined(grads, self.grads[key], groups)
+
+    def block(self, index: int, group: LinearGroup, keys: list[int]) -> SharedBlock | None:
+        """Linear group ``index``'s block of these rows (its modules ``keys``), kept."""
+        if index not in self._blocks:
+            inputs = [self.inputs[key] for key in keys]
+            self._blocks[index] = group.shared_block(inputs, [self.grads[key] for key in keys])
+        return self._blocks[index]
 
 
 def _joined(own: torch.Tensor, shared: torch.Tensor, groups: int) -> torch.Tensor:
@@ -144,14 +153,28 @@ class GhostStatistics:
         loss is weighted by what is left of the batch (``1 - beside.share``).
         """
         share = 1.0 if beside is None else 1.0 - beside.share
-        inputs, grad_of = self._captured(loss_of, rows, groups, create_graph, share)
-        if beside is not None:
-            inputs, grad_of = beside.join(inputs, grad_of, groups)
+        own_inputs, own_grads = self._captured(loss_of, rows, groups, create_graph, share)
+        joined: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def rows_of(key: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """Module ``key``'s input and output gradient over each group's rows."""
+            if beside is None:
+                return own_inputs[key], own_grads[key]
+            if key not in joined:
+                joined[key] = beside.join(key, own_inputs[key], own_grads[key], groups)
+            return joined[key]
+
         inner: list[torch.Tensor | None] = [None] * len(self.rules)
         norm: list[torch.Tensor | None] = [None] * len(self.rules)
-        for indices, group in self.linear_groups:
+        for number, (indices, group) in enumerate(self.linear_groups):
             keys = [id(self.rules[i].module) for i in indices]
-            stats = group.statistics([inputs[k] for k in keys], [grad_of[k] for k in keys], groups)
+            block = None if beside is None else beside.block(number, group, keys)
+            if block is None:
+                pairs = [rows_of(key) for key in keys]
+                stats = group.statistics([x for x, _ in pairs], [g for _, g in pairs], groups)
+            else:
+                own = [own_inputs[key] for key in keys], [own_grads[key] for key in keys]
+                stats = group.statistics(*own, groups, beside=block)
             for index, pair in zip(indices, stats, strict=True):
                 if pair is not None:
                     inner[index], norm[index] = pair
@@ -162,8 +185,8 @@ class GhostStatistics:
             if inner[index] is not None:
                 continue
             # The output gradient in ``dtype`` carries it through each rule's products.
-            x = inputs[id(rule.module)]
-            grad = in_dtype(grad_of[id(rule.module)], self.dtype)
+            x, grad = rows_of(id(rule.module))
+            grad = in_dtype(grad, self.dtype)
             if type(rule).statistics is Rule.statistics:
                 gradient = rule.gradient(x, grad, groups)
                 formed.setdefault(gradient.shape, []).append((index, gradient))

@@ -5,7 +5,7 @@ linear weights of one shape stacked into one batched product."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -133,30 +133,121 @@ class LinearGroup:
             self._subsets[key] = tuple(o[members] for o in self.operands)
         return self._subsets[key]
 
+    def shared_block(
+        self, inputs: list[torch.Tensor], grads: list[torch.Tensor]
+    ) -> SharedBlock | None:
+        """The rows every candidate of a discrete round shares (each rule's module input and
+        output gradient, one group), their part of the statistics formed once: see
+        :class:`SharedBlock`. None where the targets differ by group (stacked problems): the
+        shared rows' ``<G, T>`` would then be one per group."""
+        if self.operands[0].shape[1] != 1:
+            return None
+        x, d = self._sliced(inputs, grads, 1)
+        block = SharedBlock({}, {}, {}, {})
+        for members in _by_tokens(x).values():
+            xs = in_dtype(torch.stack([x[k] for k in members]), self.dtype)  # [K, 1, s, in]
+            ds = in_dtype(torch.stack([d[k] for k in members]), self.dtype)  # [K, 1, s, out]
+            inner = _mapped_inner(xs, ds, self._operands_of(members))
+            norm = _gram_products(xs, ds, xs, ds)
+            for position, k in enumerate(members):
+                block.inputs[k], block.grads[k] = xs[position], ds[position]
+                block.inner[k], block.norm[k] = inner[position], norm[position]
+        return block
+
     def statistics(
-        self, inputs: list[torch.Tensor], grads: list[torch.Tensor], groups: int
+        self,
+        inputs: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        groups: int,
+        beside: SharedBlock | None = None,
     ) -> list[Statistics | None]:
         """Each rule's ``(inner, norm)`` (``[groups]`` each), or None for long inputs, whose
         gradient (``in x out``) is smaller than the token products (``n x n``): the caller
         forms it. Rules whose modules read different token counts (a pooler reads one
-        position) are stacked apart."""
-        x = [_rows(x, groups)[..., r.in_slice] for r, x in zip(self.rules, inputs, strict=True)]
-        d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads, strict=True)]
-        by_tokens: dict[int, list[int]] = {}
-        for k, inputs in enumerate(x):
-            by_tokens.setdefault(inputs.shape[1], []).append(k)
+        position) are stacked apart.
+
+        With ``beside``, each group's rows are ``inputs`` / ``grads`` followed by the shared
+        rows of the block: the shared rows' own terms are added, not formed again, and only
+        the products of a group's rows with them are (``||G_o + G_s||^2 = ||G_o||^2 +
+        2 <G_o, G_s> + ||G_s||^2``, the same sum in another order)."""
+        x, d = self._sliced(inputs, grads, groups)
         out: list[Statistics | None] = [None] * len(self.rules)
         width_in, width_out = self.rules[0].mapping.shape[-2:]
-        for tokens, members in by_tokens.items():
+        for members in _by_tokens(x, beside).values():
+            tokens = x[members[0]].shape[1] + (0 if beside is None else beside.tokens(members[0]))
             if tokens * tokens > width_in * width_out:
                 continue
             xs = in_dtype(torch.stack([x[k] for k in members]), self.dtype)  # [K, groups, n, in]
             ds = in_dtype(torch.stack([d[k] for k in members]), self.dtype)  # [K, groups, n, out]
             inner = _mapped_inner(xs, ds, self._operands_of(members))
-            norm = ((ds @ ds.transpose(2, 3)) * (xs @ xs.transpose(2, 3))).sum((2, 3))
+            norm = _gram_products(xs, ds, xs, ds)
+            if beside is not None:
+                shared_x, shared_d, shared_inner, shared_norm = beside.stacked(members)
+                inner = inner + shared_inner
+                norm = norm + 2 * _gram_products(xs, ds, shared_x, shared_d) + shared_norm
             for position, k in enumerate(members):
                 out[k] = (inner[position], norm[position])
         return out
+
+    def _sliced(
+        self, inputs: list[torch.Tensor], grads: list[torch.Tensor], groups: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each rule's inputs and output gradients, ``[groups, n, in]`` and ``[groups, n,
+        out]``, cut to its slice of a fused weight."""
+        x = [_rows(x, groups)[..., r.in_slice] for r, x in zip(self.rules, inputs, strict=True)]
+        d = [_rows(g, groups)[..., r.out_slice] for r, g in zip(self.rules, grads, strict=True)]
+        return x, d
+
+
+@dataclass
+class SharedBlock:
+    """A linear group's share of the rows every candidate shares, by rule index: their inputs
+    and output gradients (``[1, s, in]``, ``[1, s, out]``, in the group's dtype) and their own
+    ``<G_s, T>`` and ``||G_s||^2`` (``[1]``).
+
+    At B = 8 a candidate's own row is an eighth of the rows its statistics read; the token
+    products of the other seven among themselves are most of a linear weight's ``||G||^2``
+    and are the same for every candidate, so they are formed once per sentence and round."""
+
+    inputs: dict[int, torch.Tensor]
+    grads: dict[int, torch.Tensor]
+    inner: dict[int, torch.Tensor]
+    norm: dict[int, torch.Tensor]
+    # The stacks of each set of rules read together (every chunk of candidates reads the same).
+    _stacks: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def tokens(self, rule: int) -> int:
+        """How many shared rows (tokens) rule ``rule``'s module read."""
+        return self.inputs[rule].shape[1]
+
+    def stacked(self, members: list[int]) -> tuple[torch.Tensor, ...]:
+        """``(inputs [K, 1, s, in], grads [K, 1, s, out], inner [K, 1], norm [K, 1])``."""
+        key = tuple(members)
+        if key not in self._stacks:
+            parts = (self.inputs, self.grads, self.inner, self.norm)
+            self._stacks[key] = tuple(torch.stack([part[k] for k in members]) for part in parts)
+        return self._stacks[key]
+
+
+def _by_tokens(
+    x: list[torch.Tensor], beside: SharedBlock | None = None
+) -> dict[tuple[int, int], list[int]]:
+    """Rule indices by the token counts their modules read (own, and shared where given)."""
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for k, inputs in enumerate(x):
+        shared = 0 if beside is None else beside.tokens(k)
+        buckets.setdefault((inputs.shape[1], shared), []).append(k)
+    return buckets
+
+
+def _gram_products(
+    xa: torch.Tensor, da: torch.Tensor, xb: torch.Tensor, db: torch.Tensor
+) -> torch.Tensor:
+    """``<D_a^T X_a, D_b^T X_b>`` per rule and group from the token products, ``[K, groups]``:
+    ``sum((D_a D_b^T) * (X_a X_b^T))``, never forming an ``in x out`` gradient."""
+    return ((da @ db.mT) * (xa @ xb.mT)).sum((2, 3))
 
 
 def in_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
