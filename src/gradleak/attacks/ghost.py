@@ -72,13 +72,6 @@ class SharedRows:
     # Each linear group's block (by its index in the statistics' groups), formed on first use.
     _blocks: dict[int, SharedBlock | None] = field(default_factory=dict, repr=False)
 
-    def join(
-        self, key: int, inputs: torch.Tensor, grads: torch.Tensor, groups: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Module ``key``'s input and output gradient for each group's own rows followed by
-        the shared ones: ``[groups * (own rows + shared rows), ...]``."""
-        return _joined(inputs, self.inputs[key], groups), _joined(grads, self.grads[key], groups)
-
     def block(self, index: int, group: LinearGroup, keys: list[int]) -> SharedBlock | None:
         """Linear group ``index``'s block of these rows (its modules ``keys``), kept."""
         if index not in self._blocks:
@@ -88,6 +81,7 @@ class SharedRows:
 
 
 def _joined(own: torch.Tensor, shared: torch.Tensor, groups: int) -> torch.Tensor:
+    """Each group's own rows followed by the shared ones: ``[groups * (own + shared), ...]``."""
     own = own.reshape(groups, -1, *own.shape[1:])
     shared = shared.to(own.dtype)
     return torch.cat([own, shared[None].expand(groups, *shared.shape)], 1).flatten(0, 1)
@@ -154,15 +148,20 @@ class GhostStatistics:
         """
         share = 1.0 if beside is None else 1.0 - beside.share
         own_inputs, own_grads = self._captured(loss_of, rows, groups, create_graph, share)
-        joined: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        joined: dict[tuple[str, int], torch.Tensor] = {}
 
-        def rows_of(key: int) -> tuple[torch.Tensor, torch.Tensor]:
-            """Module ``key``'s input and output gradient over each group's rows."""
+        def rows_of(key: int, with_inputs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+            """Module ``key``'s input and output gradient over each group's rows; its own
+            rows' input only, unjoined, where the caller does not read it (a bias)."""
             if beside is None:
                 return own_inputs[key], own_grads[key]
-            if key not in joined:
-                joined[key] = beside.join(key, own_inputs[key], own_grads[key], groups)
-            return joined[key]
+            if ("grad", key) not in joined:
+                joined["grad", key] = _joined(own_grads[key], beside.grads[key], groups)
+            if not with_inputs:
+                return own_inputs[key], joined["grad", key]
+            if ("input", key) not in joined:
+                joined["input", key] = _joined(own_inputs[key], beside.inputs[key], groups)
+            return joined["input", key], joined["grad", key]
 
         inner: list[torch.Tensor | None] = [None] * len(self.rules)
         norm: list[torch.Tensor | None] = [None] * len(self.rules)
@@ -185,7 +184,7 @@ class GhostStatistics:
             if inner[index] is not None:
                 continue
             # The output gradient in ``dtype`` carries it through each rule's products.
-            x, grad = rows_of(id(rule.module))
+            x, grad = rows_of(id(rule.module), rule.reads_inputs)
             grad = in_dtype(grad, self.dtype)
             if type(rule).statistics is Rule.statistics:
                 gradient = rule.gradient(x, grad, groups)

@@ -5,7 +5,8 @@ linear weights of one shape stacked into one batched product."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -36,6 +37,8 @@ class Rule:
     """How one matched tensor's statistics follow from its module's input and output gradient.
 
     ``target`` is ``[G, *shape]``: one target for every group (``G = 1``) or one per group."""
+
+    reads_inputs = True  # whether the module's inputs enter the statistics (a bias: no)
 
     def __init__(self, module: nn.Module, target: torch.Tensor) -> None:
         self.module = module
@@ -96,6 +99,8 @@ class LinearWeight(Rule):
 class _Bias(Rule):
     """A bias: the sum of the output gradients (sliced like a fused weight's outputs)."""
 
+    reads_inputs = False
+
     def __init__(self, module: nn.Module, target: torch.Tensor, spec: TensorSpec) -> None:
         super().__init__(module, target)
         self.cut = slice(None) if spec.dim is None else slice(spec.start, spec.stop)
@@ -143,15 +148,12 @@ class LinearGroup:
         if self.operands[0].shape[1] != 1:
             return None
         x, d = self._sliced(inputs, grads, 1)
-        block = SharedBlock({}, {}, {}, {})
+        block = SharedBlock({})
         for members in _by_tokens(x).values():
             xs = in_dtype(torch.stack([x[k] for k in members]), self.dtype)  # [K, 1, s, in]
             ds = in_dtype(torch.stack([d[k] for k in members]), self.dtype)  # [K, 1, s, out]
             inner = _mapped_inner(xs, ds, self._operands_of(members))
-            norm = _gram_products(xs, ds, xs, ds)
-            for position, k in enumerate(members):
-                block.inputs[k], block.grads[k] = xs[position], ds[position]
-                block.inner[k], block.norm[k] = inner[position], norm[position]
+            block.parts[tuple(members)] = (xs, ds, inner, _gram_products(xs, ds, xs, ds))
         return block
 
     def statistics(
@@ -173,16 +175,16 @@ class LinearGroup:
         x, d = self._sliced(inputs, grads, groups)
         out: list[Statistics | None] = [None] * len(self.rules)
         width_in, width_out = self.rules[0].mapping.shape[-2:]
-        for members in _by_tokens(x, beside).values():
-            tokens = x[members[0]].shape[1] + (0 if beside is None else beside.tokens(members[0]))
+        for members, shared in _buckets(x, beside):
+            tokens = x[members[0]].shape[1] + (0 if shared is None else shared[0].shape[2])
             if tokens * tokens > width_in * width_out:
                 continue
             xs = in_dtype(torch.stack([x[k] for k in members]), self.dtype)  # [K, groups, n, in]
             ds = in_dtype(torch.stack([d[k] for k in members]), self.dtype)  # [K, groups, n, out]
             inner = _mapped_inner(xs, ds, self._operands_of(members))
             norm = _gram_products(xs, ds, xs, ds)
-            if beside is not None:
-                shared_x, shared_d, shared_inner, shared_norm = beside.stacked(members)
+            if shared is not None:
+                shared_x, shared_d, shared_inner, shared_norm = shared
                 inner = inner + shared_inner
                 norm = norm + 2 * _gram_products(xs, ds, shared_x, shared_d) + shared_norm
             for position, k in enumerate(members):
@@ -199,47 +201,45 @@ class LinearGroup:
         return x, d
 
 
+SharedPart = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @dataclass
 class SharedBlock:
-    """A linear group's share of the rows every candidate shares, by rule index: their inputs
-    and output gradients (``[1, s, in]``, ``[1, s, out]``, in the group's dtype) and their own
-    ``<G_s, T>`` and ``||G_s||^2`` (``[1]``).
+    """A linear group's share of the rows every candidate shares: for each set of its rules
+    whose modules read the same token count, their inputs and output gradients stacked
+    (``[K, 1, s, in]``, ``[K, 1, s, out]``, in the group's dtype) and their own ``<G_s, T>``
+    and ``||G_s||^2`` (``[K, 1]``).
 
     At B = 8 a candidate's own row is an eighth of the rows its statistics read; the token
     products of the other seven among themselves are most of a linear weight's ``||G||^2``
     and are the same for every candidate, so they are formed once per sentence and round."""
 
-    inputs: dict[int, torch.Tensor]
-    grads: dict[int, torch.Tensor]
-    inner: dict[int, torch.Tensor]
-    norm: dict[int, torch.Tensor]
-    # The stacks of each set of rules read together (every chunk of candidates reads the same).
-    _stacks: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = field(
-        default_factory=dict, repr=False
-    )
-
-    def tokens(self, rule: int) -> int:
-        """How many shared rows (tokens) rule ``rule``'s module read."""
-        return self.inputs[rule].shape[1]
-
-    def stacked(self, members: list[int]) -> tuple[torch.Tensor, ...]:
-        """``(inputs [K, 1, s, in], grads [K, 1, s, out], inner [K, 1], norm [K, 1])``."""
-        key = tuple(members)
-        if key not in self._stacks:
-            parts = (self.inputs, self.grads, self.inner, self.norm)
-            self._stacks[key] = tuple(torch.stack([part[k] for k in members]) for part in parts)
-        return self._stacks[key]
+    parts: dict[tuple[int, ...], SharedPart]
 
 
-def _by_tokens(
-    x: list[torch.Tensor], beside: SharedBlock | None = None
-) -> dict[tuple[int, int], list[int]]:
-    """Rule indices by the token counts their modules read (own, and shared where given)."""
-    buckets: dict[tuple[int, int], list[int]] = {}
+def _by_tokens(x: list[torch.Tensor]) -> dict[int, list[int]]:
+    """Rule indices by the token count their modules read."""
+    buckets: dict[int, list[int]] = {}
     for k, inputs in enumerate(x):
-        shared = 0 if beside is None else beside.tokens(k)
-        buckets.setdefault((inputs.shape[1], shared), []).append(k)
+        buckets.setdefault(inputs.shape[1], []).append(k)
     return buckets
+
+
+def _buckets(
+    x: list[torch.Tensor], beside: SharedBlock | None
+) -> Iterator[tuple[list[int], SharedPart | None]]:
+    """The sets of rules stacked together, with their part of the shared block (if any): the
+    block's sets, split where the candidates' own token counts differ within one."""
+    if beside is None:
+        yield from ((members, None) for members in _by_tokens(x).values())
+        return
+    for rules, part in beside.parts.items():
+        for members in _by_tokens([x[k] for k in rules]).values():
+            if len(members) == len(rules):
+                yield list(rules), part
+            else:
+                yield [rules[i] for i in members], tuple(p[members] for p in part)
 
 
 def _gram_products(
