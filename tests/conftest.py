@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from gradleak.data import Example
-from gradleak.models.registry import load_victim
-from gradleak.models.tasks import encode_examples
+from gradleak.experiments import run_experiment
+from gradleak.models.loading import load_victim
+from tests.helpers import ATTACK, experiment
 
 # Tiny models run faster on one thread (a second only adds synchronization, and on a busy
 # 2-core machine every small op would wait for the other core); one thread is also
@@ -24,18 +22,10 @@ torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-TINY_MODELS = ("tiny-bert", "tiny-gpt2", "tiny-llama")
 # CI sets this: there the benchmark data must be present, and its absence fails the tests.
 REQUIRE_DATA = "GRADLEAK_REQUIRE_DATA"
 # CI sets this too: there Chromium must be installed (`make browser`) for the report tests.
 REQUIRE_BROWSER = "GRADLEAK_REQUIRE_BROWSER"
-SENTENCES = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
-
-
-def encode(victim, examples=SENTENCES):
-    return encode_examples(
-        victim.tokenizer, examples, victim.task, victim.adapter.max_positions(victim.model)
-    )
 
 
 @pytest.fixture
@@ -46,19 +36,6 @@ def tiny_victim():
         return load_victim(name, task, seed=seed)
 
     return make
-
-
-def word_level_lm(words: list[str], layers: int):
-    """A tiny random GPT-2 over a whitespace word vocabulary (``words`` starts with <bos>,
-    <pad>, <unk>): a prior whose vocabulary differs from every victim's."""
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    torch.manual_seed(0)
-    lm = GPT2LMHeadModel(GPT2Config(vocab_size=len(words), n_embd=16, n_layer=layers, n_head=2))
-    return lm, tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +65,17 @@ def chromium() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory):
+    """A finished tiny run whose first reconstruction an attacker made into markup."""
+    tmp_path = tmp_path_factory.mktemp("report")
+    path, out = experiment(tmp_path)
+    run_experiment(path, out)
+    with sqlite3.connect(out / "results.sqlite") as db:
+        key, text = db.execute("SELECT key, record FROM cells ORDER BY started").fetchone()
+        record = json.loads(text)
+        record["samples"][0]["prediction"][0] = ATTACK
+        db.execute("UPDATE cells SET record = ? WHERE key = ?", (json.dumps(record), key))
+    return out

@@ -44,3 +44,8 @@ def last_line(text: str) -> str:
     Flower client's error, a Ray task's): where the cause is said."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no reason given"
+
+
+class GradleakDeprecation(FutureWarning):
+    """A name or module that a release renamed or moved: the old one still works, until the
+    release the warning names (see docs/renamed.md)."""

@@ -1,6 +1,7 @@
-"""Write the golden records: ``python tests/golden/regenerate.py [CELL ...]``.
+"""Write the golden records: ``python -m tests.golden.regenerate [CELL ...]`` from the
+repository's root.
 
-Run it only when a result is meant to change (see ``cells.py``).
+Run it only when a result is meant to change (see ``cases.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
+from gradleak.cli import app
+from tests.golden.cases import CELLS, result_of
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-
-from cells import CELLS, result_of  # noqa: E402
-
-from gradleak.cli import app  # noqa: E402
 
 
 def main(names: list[str]) -> None:

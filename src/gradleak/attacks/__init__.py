@@ -1,63 +1,37 @@
-"""Attacks by name. Each takes a client update and the server's knowledge, never the batch.
+"""Attacks: each takes a client update and the server's knowledge, never the batch.
 
-Adding an attack: a module with its settings model (a subclass of ``AttackSettings``) and its
-class (a subclass of ``Attack``), and one ``ATTACKS.register`` line below. Other packages add
-theirs through the entry-point group ``gradleak.attacks`` (docs/extending.md), a notebook
-with ``gradleak.register_attack``.
+The contract (:mod:`~gradleak.attacks.base`, settings in :mod:`~gradleak.attacks.settings`),
+the registry of attacks by name (:mod:`~gradleak.attacks.registry`), the adaptations to public
+defenses that the families share (:mod:`~gradleak.attacks.adaptive`), and the families:
+:mod:`~gradleak.attacks.optimization` (DLG, TAG, LAMP), :mod:`~gradleak.attacks.dager`,
+:mod:`~gradleak.attacks.lti`. The classes below load with their modules, on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from gradleak.attacks.registry import ATTACKS, make_attack
+from gradleak.attacks.settings import AttackSettings
+from gradleak.runtime.lazy import lazy_exports
 
-from gradleak.attacks.base import (
-    Attack,
-    AttackFailed,
-    AttackSettings,
-    Plan,
-    Reconstruction,
-    Refusal,
+if TYPE_CHECKING:
+    from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, Refusal
+    from gradleak.attacks.optimization.engine import OptimizationAttack
+    from gradleak.attacks.optimization.settings import OptimizationSettings
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "Attack": "gradleak.attacks.base",
+        "AttackFailed": "gradleak.attacks.base",
+        "Plan": "gradleak.attacks.base",
+        "Reconstruction": "gradleak.attacks.base",
+        "Refusal": "gradleak.attacks.base",
+        "OptimizationAttack": "gradleak.attacks.optimization.engine",
+        "OptimizationSettings": "gradleak.attacks.optimization.settings",
+    },
 )
-from gradleak.attacks.dager import DagerAttack, DagerSettings
-from gradleak.attacks.lti.attack import LtiAttack
-from gradleak.attacks.lti.settings import LtiPSettings, LtiSettings
-from gradleak.attacks.optimization import (
-    DlgSettings,
-    LampCosSettings,
-    LampL2L1Settings,
-    OptimizationAttack,
-    OptimizationSettings,
-    TagSettings,
-)
-from gradleak.registry import Entry, Registry
-
-
-def _option_conflict(settings: type[BaseModel], registered: list[Entry[Any]]) -> str | None:
-    """Whether a new attack's options collide with the scenario's or another attack's."""
-    from gradleak.options import option_conflict  # the options are built from this registry
-
-    return option_conflict(settings, [entry.settings for entry in registered])
-
-
-ATTACKS: Registry[AttackSettings] = Registry(
-    "attack", "gradleak.attacks", Attack, AttackSettings, check=_option_conflict
-)
-ATTACKS.register(OptimizationAttack, DlgSettings)
-ATTACKS.register(OptimizationAttack, TagSettings)
-ATTACKS.register(OptimizationAttack, LampCosSettings)
-ATTACKS.register(OptimizationAttack, LampL2L1Settings)
-ATTACKS.register(DagerAttack, DagerSettings)
-ATTACKS.register(LtiAttack, LtiSettings)
-ATTACKS.register(LtiAttack, LtiPSettings)
-
-
-def make_attack(name: str, **settings: Any) -> Attack:
-    """Build attack ``name``; ``settings`` override its defaults (None values are ignored)."""
-    given = {k: v for k, v in settings.items() if v is not None}
-    return ATTACKS.build(ATTACKS.settings(name, **given))
-
 
 __all__ = [
     "ATTACKS",

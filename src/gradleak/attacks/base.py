@@ -12,30 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from gradleak.attacks.settings import AttackSettings
 
-from gradleak.federated.client import ClientUpdate
-from gradleak.federated.server import ServerKnowledge
-
-
-class AttackSettings(BaseModel):
-    """Base of every attack's settings model. A subclass declares ``name`` as a one-value
-    ``Literal`` (the tag of the config's attack union) and each option as a field with a
-    default and a description: the CLI, the config files and the record all come from it.
-
-    A field's ``json_schema_extra`` may hold ``{"option": "--attack-lr"}`` (its command-line
-    name when the field name would clash with a scenario option) or ``{"cli": False}`` (fixed
-    by the attack's identity, not a user option)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # One line for ``gradleak attacks``; where one attack class serves several names (DLG,
-    # TAG, LAMP), each name's settings class says what that name is.
-    description: ClassVar[str] = ""
-
-    name: str
+if TYPE_CHECKING:
+    from gradleak.federated.payload import UpdatePayload
+    from gradleak.federated.server import ServerKnowledge
 
 
 @dataclass
@@ -71,7 +54,7 @@ class Refusal:
 class StackItem(NamedTuple):
     """One update of a :meth:`Attack.run_many` call, with what ``run`` takes for it."""
 
-    update: ClientUpdate
+    update: UpdatePayload
     knowledge: ServerKnowledge
     plan: Plan
     seed: int
@@ -119,12 +102,12 @@ class Attack(ABC, Generic[SettingsT]):
         nothing from data."""
         return ()
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan | Refusal:
+    def check(self, update: UpdatePayload, knowledge: ServerKnowledge) -> Plan | Refusal:
         """Decide whether this update can be attacked; the plan is handed to ``run``."""
         return Plan()
 
     def reconstruct(
-        self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int = 0
+        self, update: UpdatePayload, knowledge: ServerKnowledge, seed: int = 0
     ) -> Reconstruction:
         """``check`` then ``run``, for a caller with one update (a notebook, a test); a refusal
         raises ``AttackFailed`` with its reason."""
@@ -135,7 +118,7 @@ class Attack(ABC, Generic[SettingsT]):
 
     @abstractmethod
     def run(
-        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+        self, update: UpdatePayload, knowledge: ServerKnowledge, plan: Plan, seed: int
     ) -> Reconstruction:
         """Reconstruct the private batch."""
 

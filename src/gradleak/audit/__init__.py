@@ -2,15 +2,37 @@
 budget, say what leaks and which changes bring it under their thresholds
 (``gradleak audit SETUP.yaml``)."""
 
-from gradleak.audit.run import (
-    AttackOutcome,
-    AuditResult,
-    Leakage,
-    Mitigation,
-    Thresholds,
-    run_audit,
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradleak.runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from gradleak.audit.run import (
+        AttackOutcome,
+        AuditResult,
+        Leakage,
+        Mitigation,
+        Thresholds,
+        run_audit,
+    )
+    from gradleak.audit.setup import AuditSetup, read_setup
+
+# loaded on first use
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "AttackOutcome": "gradleak.audit.run",
+        "AuditResult": "gradleak.audit.run",
+        "Leakage": "gradleak.audit.run",
+        "Mitigation": "gradleak.audit.run",
+        "Thresholds": "gradleak.audit.run",
+        "run_audit": "gradleak.audit.run",
+        "AuditSetup": "gradleak.audit.setup",
+        "read_setup": "gradleak.audit.setup",
+    },
 )
-from gradleak.audit.setup import AuditSetup, read_setup
 
 __all__ = [
     "AttackOutcome",

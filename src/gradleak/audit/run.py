@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradleak import runner
 from gradleak.audit.setup import AuditSetup, read_setup
 from gradleak.config import RunConfig
+from gradleak.config.fine_tuning import UtilitySettings
+from gradleak.config.options import attack_defaults, config_from_options, utility_settings
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase
 from gradleak.experiments.estimate import START_SECONDS, estimate
 from gradleak.experiments.grid import Cell
 from gradleak.experiments.utility import stored_or_measured, utility_key
-from gradleak.options import attack_defaults, config_from_options, utility_settings
-from gradleak.record import Record
 from gradleak.reports.highlight import normalized
-from gradleak.utility import UtilitySettings
+from gradleak.running import runner
+from gradleak.running.record import Record
 
 # The attacks an audit tries, cheapest first: DAGER is exact where it applies and takes
 # seconds; LAMP_cos and TAG are the strongest optimization attacks on short text.
@@ -355,10 +355,25 @@ def run_audit(
     attacks: Sequence[str] = ATTACKS,
     say: Say | None = None,
 ) -> AuditResult:
-    """Audit ``setup`` (a setup file or a loaded one) within ``budget_s`` seconds: attack it
-    as it is with ``attacks`` (default: DAGER, LAMP_cos, TAG), then try the usual changes
-    against the attacks that leaked over ``thresholds``. Results go to
-    ``out/results.sqlite`` (default ``runs/audit-NAME``)."""
+    """Audit a setup within a time budget: attack it as it is, then try the usual changes
+    against the attacks that leaked over the thresholds: ``gradleak audit``.
+
+    Args:
+        setup: A setup file, or one loaded by ``read_setup``.
+        out: The results folder, ``out/results.sqlite`` (default ``runs/audit-NAME``).
+        budget_s: Seconds for the whole audit.
+        thresholds: The leakage accepted (exact sentences, ROUGE-2).
+        attacks: The attacks to try (default: DAGER, LAMP_cos, TAG).
+        say: Called with a line on what the audit is doing now.
+
+    Returns:
+        The :class:`AuditResult`: its ``verdict``, each attack's leakage on the setup as it
+        is, each change's, and what they cost the model where the setup asks.
+
+    Raises:
+        GradleakError: A budget that is not positive, an attack an audit does not run, or a
+            bad setup (one line naming the file, the line and the key).
+    """
     if budget_s <= 0:
         raise GradleakError(f"the budget must be positive, got {budget_s} s")
     unknown = [a for a in attacks if a not in ATTACKS]

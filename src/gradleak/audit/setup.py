@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gradleak.config.options import scenario_options, unknown_name
 from gradleak.experiments.spec import located, option_key, read_yaml, utility_at, validated
-from gradleak.options import scenario_options, unknown_name
 
 DEFAULT_SENSITIVE = (r"\d",)  # numbers: amounts, PINs, dates, addresses
 

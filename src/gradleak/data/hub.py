@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gradleak.data.examples import Example
-from gradleak.data.formats import FORMATS, HubConverter
+from gradleak.data.formats import HubConverter
 from gradleak.data.formats.glue import hub_label
 from gradleak.data.specs import DATASETS
 from gradleak.data.userfiles import row_example
@@ -31,7 +31,7 @@ def hub_target(name: str, split: str | None) -> tuple[str, str | None, str, HubC
         raise GradleakError("hf: needs a dataset name, e.g. hf:cola or hf:stanfordnlp/imdb")
     spec = DATASETS.get(name)
     if spec is not None:
-        converter = FORMATS[spec.format].from_hub
+        converter = spec.reading.from_hub
         if spec.hub is None or converter is None:
             raise GradleakError(f"dataset {name!r} is not on the hub: use --dataset {name}")
         repo, config = spec.hub

@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradleak.data.examples import Example
-from gradleak.data.formats import FORMATS
 from gradleak.data.hub import HF_PREFIX, hub_status, load_hub
 from gradleak.data.specs import DATASETS, DatasetSpec
-from gradleak.data.userfiles import load_file
+from gradleak.data.userfiles import check_file, load_file
 from gradleak.errors import GradleakError
 
 ENV_DATA_DIR = "GRADLEAK_DATA_DIR"
@@ -49,6 +48,8 @@ def _origin(data_dir: str | Path | None) -> str:
 def get_spec(name: str) -> DatasetSpec:
     """The registered dataset ``name``; an unknown name is an error listing the known ones."""
     spec = DATASETS.get(name)
+    if spec is None and DATASETS.failure(name) is not None:
+        raise GradleakError(DATASETS.failure(name))
     if spec is None:
         mine = f" (to read your own file, write file:{name})" if Path(name).is_file() else ""
         raise GradleakError(
@@ -96,6 +97,35 @@ def _split_paths(spec: DatasetSpec, split: str, data_dir: str | Path | None) -> 
     return [directory / rel for rel in rels]
 
 
+def _registered_files(
+    name: str, data_dir: str | Path | None, split: str | None
+) -> tuple[DatasetSpec, str, list[Path]]:
+    """Registered dataset ``name``, the split read (None: its default) and that split's files,
+    each checked present."""
+    spec = get_spec(name)
+    split = split or spec.default_split
+    if split not in spec.splits:
+        raise GradleakError(
+            f"dataset {name!r} has no split {split!r}: choose one of {', '.join(spec.splits)}"
+        )
+    return spec, split, _split_paths(spec, split, data_dir)
+
+
+def check_source(
+    name: str,
+    data_dir: str | Path | None = None,
+    split: str | None = None,
+    encoding: str | None = None,
+) -> None:
+    """Raise what :func:`load_examples` would raise before reading anything (an unknown name
+    or split, a missing file or data folder, an unknown encoding), reading nothing: a run
+    checks its data before it loads a model."""
+    if name.startswith(FILE_PREFIX):
+        check_file(name[len(FILE_PREFIX) :], encoding)
+    elif not name.startswith(HF_PREFIX):
+        _registered_files(name, data_dir, split)
+
+
 def load_examples(
     name: str,
     data_dir: str | Path | None = None,
@@ -114,14 +144,8 @@ def load_examples(
         return load_file(name[len(FILE_PREFIX) :], encoding=encoding)
     if name.startswith(HF_PREFIX):
         return load_hub(name[len(HF_PREFIX) :], split)
-    spec = get_spec(name)
-    split = split or spec.default_split
-    if split not in spec.splits:
-        raise GradleakError(
-            f"dataset {name!r} has no split {split!r}: choose one of {', '.join(spec.splits)}"
-        )
-    paths = _split_paths(spec, split, data_dir)
-    examples = FORMATS[spec.format].read(paths, split)
+    spec, split, paths = _registered_files(name, data_dir, split)
+    examples = spec.reading.read(paths, split)
     if not examples:
         files = ", ".join(map(str, paths))
         raise GradleakError(f"dataset {name!r} split {split!r} has no examples ({files})")

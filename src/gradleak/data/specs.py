@@ -1,8 +1,11 @@
 """The named datasets: one :class:`DatasetSpec` row each.
 
-Adding a dataset is one row in :data:`DATASETS` (plus a reader in :mod:`gradleak.data.formats`
-when its files are in a new format). Files are paths relative to the data directory, which is
-laid out like the benchmark data folder (``cola/v1.0/...``, ``sst2/...``).
+Adding a dataset is one :class:`DatasetSpec` registered in :data:`DATASETS` (plus a reader in
+:mod:`gradleak.data.formats` when its files are in a new format). Files are paths relative to
+the data directory, which is laid out like the benchmark data folder (``cola/v1.0/...``,
+``sst2/...``). Another package registers its datasets through the entry-point group
+``gradleak.datasets`` (a :class:`DatasetSpec`, whose ``format`` may be its own
+:class:`~gradleak.data.formats.Format`).
 
 Each split holds exactly what Hugging Face ``datasets`` returns for it, rows and order alike:
 LAMP loads its data from the hub (``load_dataset('glue', name)['train']``,
@@ -15,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gradleak.data.formats import FORMATS, Format
+from gradleak.registry import Catalog
+
 TASKS = ("classification", "causal_lm", "qa")
 
 
@@ -23,7 +29,8 @@ class DatasetSpec:
     """What gradleak knows about a named dataset.
 
     ``task``: what the dataset is naturally used for ("classification", "causal_lm" or "qa").
-    ``format``: the key of its reader in :data:`gradleak.data.formats.FORMATS`.
+    ``format``: the key of its reader in :data:`gradleak.data.formats.FORMATS`, or a
+    :class:`~gradleak.data.formats.Format` of its own.
     ``split_files``: for each split, the files read (in this order) under the data directory.
     ``default_split``: the split used when none is asked for.
     ``hub``: the Hugging Face hub repository and config that ``hf:NAME`` loads (None: none).
@@ -34,7 +41,7 @@ class DatasetSpec:
     name: str
     task: str
     description: str
-    format: str
+    format: str | Format
     split_files: Mapping[str, tuple[str, ...]]
     default_split: str = "train"
     hub: tuple[str, str | None] | None = None
@@ -45,6 +52,11 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: unknown task {self.task!r}")
         if self.default_split not in self.split_files:
             raise ValueError(f"dataset {self.name!r}: no files for split {self.default_split!r}")
+
+    @property
+    def reading(self) -> Format:
+        """How its files are read (and its hub rows converted)."""
+        return self.format if isinstance(self.format, Format) else FORMATS[self.format]
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -127,4 +139,6 @@ _SPECS = (
     ),
 )
 
-DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _SPECS}
+DATASETS: Catalog[DatasetSpec] = Catalog("dataset", "gradleak.datasets", DatasetSpec)
+for _spec in _SPECS:
+    DATASETS.register(_spec)

@@ -24,12 +24,9 @@ from gradleak.errors import GradleakError
 TEXT_COLUMNS = ("text", "sentence", "question")
 
 
-def load_file(path: str | Path, encoding: str | None = None) -> list[Example]:
-    """Load the examples in ``path`` (UTF-8 unless ``encoding`` is given).
-
-    Every problem (no such file, bad encoding, no text column, a label that is not an integer,
-    no examples at all) is a one-line :class:`GradleakError` naming the file and line.
-    """
+def check_file(path: str | Path, encoding: str | None = None) -> tuple[Path, str]:
+    """The file and encoding :func:`load_file` would read, checked without reading: a missing
+    path, a folder or an unknown encoding is a one-line :class:`GradleakError`."""
     if str(path) == "":
         raise GradleakError("file: needs a path, e.g. file:my_messages.txt")
     path = Path(path).expanduser()
@@ -42,6 +39,16 @@ def load_file(path: str | Path, encoding: str | None = None) -> list[Example]:
         codecs.lookup(encoding)
     except LookupError:
         raise GradleakError(f"unknown encoding {encoding!r}: try utf-8 or latin-1") from None
+    return path, encoding
+
+
+def load_file(path: str | Path, encoding: str | None = None) -> list[Example]:
+    """Load the examples in ``path`` (UTF-8 unless ``encoding`` is given).
+
+    Every problem (no such file, bad encoding, no text column, a label that is not an integer,
+    no examples at all) is a one-line :class:`GradleakError` naming the file and line.
+    """
+    path, encoding = check_file(path, encoding)
     text = read_text(path, encoding)
     suffix = path.suffix.lower()
     if suffix == ".csv":

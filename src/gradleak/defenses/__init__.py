@@ -1,148 +1,84 @@
-"""Client-side defenses by name, and the ``--defense`` syntax.
-
-Adding a defense: a module with its settings model (a subclass of ``DefenseSettings``) and its
-class (a subclass of one of the stage classes in ``base``), and one ``DEFENSES.register`` line
-below. Other packages add theirs through the entry-point group ``gradleak.defenses``
-(docs/extending.md), a notebook with ``gradleak.register_defense``.
+"""Client-side defenses: the contract (:mod:`~gradleak.defenses.base`, a stage class per place a
+defense acts), every defense's settings (:mod:`~gradleak.defenses.settings`), the registry and
+the ``--defense`` syntax (:mod:`~gradleak.defenses.registry`), a scenario's defenses built and
+applied in order (:mod:`~gradleak.defenses.chain`), one round as the server receives it
+(:mod:`~gradleak.defenses.round`), and one module per defense. The classes and functions below
+load with their modules, on first use.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from gradleak.defenses.base import (
-    AcrossClientsDefense,
-    Defense,
+from gradleak.defenses.registry import (
+    DEFENSES,
+    NO_DEFENSE,
+    SYNTAX,
+    format_defenses,
+    parse_defenses,
+)
+from gradleak.defenses.settings import (
     DefenseSettings,
-    PrivateGradients,
-    RowwiseDefense,
-    SampleDefense,
-    Stage,
-    UpdateDefense,
+    DpSgdSettings,
+    NoiseSettings,
+    PruneSettings,
+    SecAggSettings,
+    SignSettings,
 )
-from gradleak.defenses.dpsgd import DpSgd, DpSgdSettings
-from gradleak.defenses.noise import GaussianNoise, NoiseSettings
-from gradleak.defenses.prune import PruneSettings, TopKPruning
-from gradleak.defenses.secagg import SecAggSettings, SecureAggregation
-from gradleak.defenses.sign import SignCompression, SignSettings
-from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate, GlobalModel
-from gradleak.registry import Registry
+from gradleak.runtime.lazy import lazy_exports
 
-DEFENSES: Registry[DefenseSettings] = Registry(
-    "defense", "gradleak.defenses", Defense, DefenseSettings
+if TYPE_CHECKING:
+    from gradleak.defenses.base import (
+        AcrossClientsDefense,
+        Defense,
+        RowwiseDefense,
+        SampleDefense,
+        Stage,
+        UpdateDefense,
+    )
+    from gradleak.defenses.chain import (
+        apply_update_defenses,
+        build_defenses,
+        clients_of,
+        noise_std,
+        privacy_facts,
+    )
+    from gradleak.defenses.dpsgd import DpSgd
+    from gradleak.defenses.noise import GaussianNoise
+    from gradleak.defenses.prune import TopKPruning
+    from gradleak.defenses.secagg import SecureAggregation
+    from gradleak.defenses.sign import SignCompression
+    from gradleak.federated.private import PrivateGradients
+
+_BASE = "gradleak.defenses.base"
+_CHAIN = "gradleak.defenses.chain"
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "AcrossClientsDefense": _BASE,
+        "Defense": _BASE,
+        "RowwiseDefense": _BASE,
+        "SampleDefense": _BASE,
+        "Stage": _BASE,
+        "UpdateDefense": _BASE,
+        "apply_update_defenses": _CHAIN,
+        "build_defenses": _CHAIN,
+        "clients_of": _CHAIN,
+        "noise_std": _CHAIN,
+        "privacy_facts": _CHAIN,
+        "DpSgd": "gradleak.defenses.dpsgd",
+        "GaussianNoise": "gradleak.defenses.noise",
+        "TopKPruning": "gradleak.defenses.prune",
+        "SecureAggregation": "gradleak.defenses.secagg",
+        "SignCompression": "gradleak.defenses.sign",
+        "PrivateGradients": "gradleak.federated.private",
+    },
 )
-DEFENSES.register(GaussianNoise, NoiseSettings)
-DEFENSES.register(TopKPruning, PruneSettings)
-DEFENSES.register(SignCompression, SignSettings)
-DEFENSES.register(SecureAggregation, SecAggSettings)
-DEFENSES.register(DpSgd, DpSgdSettings)
-
-NO_DEFENSE = "none"
-SYNTAX = "NAME:KEY=VALUE,KEY=VALUE joined by + (e.g. noise:sigma=0.01+noise:sigma=0.1)"
-
-
-def parse_defenses(text: str) -> list[dict[str, Any]]:
-    """``"noise:sigma=0.01,relative=true+..."`` as ``[{"name": "noise", "sigma": "0.01",
-    ...}, ...]`` (values stay text; the settings models convert them); ``none``: no defense."""
-    text = text.strip()
-    if text in ("", NO_DEFENSE):
-        return []
-    specs = []
-    for part in text.split("+"):
-        name, _, parameters = part.strip().partition(":")
-        if not name.strip():
-            raise GradleakError(f"bad --defense '{text}': use {SYNTAX}")
-        spec: dict[str, Any] = {"name": name.strip()}
-        for item in filter(None, (p.strip() for p in parameters.split(","))):
-            key, equals, value = item.partition("=")
-            if not equals or not key.strip():
-                raise GradleakError(f"bad --defense parameter '{item}' in '{part}': use {SYNTAX}")
-            spec[key.strip()] = value.strip()
-        specs.append(spec)
-    return specs
-
-
-def format_defenses(defenses: Sequence[DefenseSettings]) -> str:
-    """The ``--defense`` text of ``defenses`` (``none`` when empty)."""
-    if not defenses:
-        return NO_DEFENSE
-    parts = []
-    for settings in defenses:
-        values = settings.model_dump(mode="json", exclude={"name"}, exclude_defaults=True)
-        parameters = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                              for k, v in values.items())  # fmt: skip
-        parts.append(f"{settings.name}:{parameters}" if parameters else settings.name)
-    return "+".join(parts)
-
-
-def build_defenses(settings: Sequence[DefenseSettings]) -> list[Defense]:
-    """The scenario's defenses, in order; a stage this client cannot run, more than one
-    per-sample defense (it owns the local steps) or more than one combination of clients is a
-    one-line error."""
-    defenses = [DEFENSES.build(s) for s in settings]
-    for defense in defenses:
-        if not isinstance(defense, (UpdateDefense, SampleDefense, AcrossClientsDefense)):
-            raise GradleakError(
-                f"defense {defense.name} acts {defense.stage.replace('_', ' ')}, which this "
-                "client does not run: use a per-update, per-sample or across-clients defense"
-            )
-    for kind, what in ((SampleDefense, "act per sample in the client's steps"),
-                       (AcrossClientsDefense, "combine clients")):  # fmt: skip
-        names = [d.name for d in defenses if isinstance(d, kind)]
-        if len(names) > 1:
-            raise GradleakError(f"defenses {' and '.join(names)} both {what}: keep one of them")
-    return defenses
-
-
-def clients_of(defenses: Sequence[Defense]) -> int:
-    """How many clients' updates the server combines (1 without an across-clients defense)."""
-    return next((d.clients for d in defenses if isinstance(d, AcrossClientsDefense)), 1)
-
-
-def noise_std(
-    defenses: Sequence[DefenseSettings],
-    received: torch.Tensor,
-    base: float = 0.0,
-    metadata: Mapping[str, Any] | None = None,
-) -> float:
-    """The standard deviation of the random noise per entry of ``received`` that the
-    ``defenses`` (settings, in order, as the server's knowledge holds them) put there, on top
-    of ``base`` (e.g. a weight delta's own rounding noise); ``metadata``: the update's."""
-    variance = base**2
-    for settings in defenses:
-        variance = DEFENSES.build(settings).noise_variance(variance, received, metadata or {})
-    return math.sqrt(variance)
-
-
-def privacy_facts(
-    defenses: Sequence[Defense], global_model: GlobalModel, n_samples: int
-) -> dict[str, Any]:
-    """``{"privacy": ...}``: what the per-sample defense guarantees for a client round on
-    ``n_samples`` examples (DP-SGD's epsilon), for the record; ``{}`` without one."""
-    for defense in defenses:
-        if isinstance(defense, SampleDefense):
-            return {"privacy": defense.facts(global_model, n_samples)}
-    return {}
-
-
-def apply_update_defenses(
-    update: ClientUpdate, defenses: Sequence[Defense], generator: torch.Generator
-) -> ClientUpdate:
-    """The update as the client sends it: each per-update defense applied in order."""
-    for defense in defenses:
-        if isinstance(defense, UpdateDefense):
-            update = defense.apply(update, generator)
-    return update
-
 
 __all__ = [
     "DEFENSES",
     "NO_DEFENSE",
+    "SYNTAX",
     "AcrossClientsDefense",
     "Defense",
     "DefenseSettings",
@@ -150,16 +86,16 @@ __all__ = [
     "DpSgdSettings",
     "GaussianNoise",
     "NoiseSettings",
+    "PrivateGradients",
     "PruneSettings",
+    "RowwiseDefense",
+    "SampleDefense",
     "SecAggSettings",
     "SecureAggregation",
     "SignCompression",
     "SignSettings",
-    "TopKPruning",
-    "PrivateGradients",
-    "RowwiseDefense",
-    "SampleDefense",
     "Stage",
+    "TopKPruning",
     "UpdateDefense",
     "apply_update_defenses",
     "build_defenses",

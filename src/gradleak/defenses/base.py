@@ -14,33 +14,20 @@ names each with its parameters; the server's knowledge holds the ones declared `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from gradleak.federated.client import ClientUpdate
+from gradleak.defenses.settings import DefenseSettings
+from gradleak.federated.payload import UpdatePayload
+from gradleak.federated.private import PrivateGradients
 
 if TYPE_CHECKING:
     from gradleak.federated.client import GlobalModel
 
 Stage = Literal["per_sample", "per_update", "across_clients"]
-
-
-class DefenseSettings(BaseModel):
-    """Base of every defense's settings. A subclass declares ``name`` as a one-value
-    ``Literal`` and its parameters as fields (``--defense NAME:KEY=VALUE,...``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    description: ClassVar[str] = ""
-
-    name: str
-    public: bool = Field(
-        True, description="the server knows this defense and its parameters (Kerckhoffs)"
-    )
 
 
 SettingsT = TypeVar("SettingsT", bound=DefenseSettings)
@@ -75,10 +62,12 @@ class UpdateDefense(Defense[SettingsT]):
     stage: ClassVar[Stage] = "per_update"
 
     @abstractmethod
-    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+    def apply(self, update: UpdatePayload, generator: torch.Generator) -> UpdatePayload:
         """The defended update; random draws come from ``generator`` only."""
 
-    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def apply_rows(
+        self, rows: UpdatePayload, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         """The defense on N updates at once, each tensor of ``rows`` stacked ``[N, ...]``:
         row ``n`` of the result is what :meth:`apply` gives row ``n``, with the random draws
         in row order. A server that makes many updates (LTI's training pairs) calls this; a
@@ -92,21 +81,23 @@ class RowwiseDefense(UpdateDefense[SettingsT]):
     """A per-update defense without random draws, written for a stack of updates
     (:meth:`apply_rows`); one update is a stack of one."""
 
-    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+    def apply(self, update: UpdatePayload, generator: torch.Generator) -> UpdatePayload:
         stacked = {key: t[None] for key, t in update.tensors.items()}
-        rows = ClientUpdate(kind=update.kind, tensors=stacked, metadata=update.metadata)
+        rows = UpdatePayload(kind=update.kind, tensors=stacked, metadata=update.metadata)
         tensors = {key: t[0] for key, t in self.apply_rows(rows, generator).items()}
-        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
+        return UpdatePayload(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
 
     @abstractmethod
-    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def apply_rows(
+        self, rows: UpdatePayload, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         """Each row's defended tensors, computed for all rows at once."""
 
 
-def _row(rows: ClientUpdate, n: int) -> ClientUpdate:
+def _row(rows: UpdatePayload, n: int) -> UpdatePayload:
     """Update ``n`` of a stack of updates."""
     tensors = {key: t[n] for key, t in rows.tensors.items()}
-    return ClientUpdate(kind=rows.kind, tensors=tensors, metadata=dict(rows.metadata))
+    return UpdatePayload(kind=rows.kind, tensors=tensors, metadata=dict(rows.metadata))
 
 
 class AcrossClientsDefense(Defense[SettingsT]):
@@ -124,32 +115,8 @@ class AcrossClientsDefense(Defense[SettingsT]):
         """How many clients' updates are combined."""
 
     @abstractmethod
-    def combine(self, updates: list[ClientUpdate]) -> ClientUpdate:
+    def combine(self, updates: list[UpdatePayload]) -> UpdatePayload:
         """What the server receives from ``updates`` (the attacked client's first)."""
-
-
-class PrivateGradients(ABC):
-    """A model whose gradients a per-sample defense computes, for one client round.
-
-    Made by :meth:`SampleDefense.attach`; a context manager: leaving it removes every trace
-    of the defense from the model (hooks, per-example buffers, module flags).
-    """
-
-    @abstractmethod
-    def gradient(self, example_losses: Callable[[], torch.Tensor], batch_size: int) -> None:
-        """Run ``example_losses`` (the forward pass: each example's own loss, shape
-        ``[batch_size]``) and leave in every trainable parameter's ``.grad`` the defended
-        mean gradient. An optimizer step, if any, is the client's."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Detach from the model."""
-
-    def __enter__(self) -> PrivateGradients:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class SampleDefense(Defense[SettingsT]):

@@ -26,44 +26,25 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
-from pydantic import Field
 from torch import nn
 
-from gradleak.defenses.base import DefenseSettings, PrivateGradients, SampleDefense
+from gradleak.defenses.base import SampleDefense
 from gradleak.defenses.privacy import epsilon
-from gradleak.devices import noise_generator
+from gradleak.defenses.settings import DpSgdSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
+from gradleak.federated.private import PrivateGradients
+from gradleak.runtime.devices import noise_generator
 
 # Harmless warnings of a private step: opacus's full backward hooks on layers whose inputs
 # are token ids, and functorch's autocast probe on CPU.
 _QUIET = ("Full backward hook is firing", "In CPU autocast")
-
-
-class DpSgdSettings(DefenseSettings):
-    description: ClassVar[str] = (
-        "DP-SGD (opacus): in every local step each example's gradient is clipped to norm clip "
-        "and Gaussian noise of std sigma x clip is added to their sum; records epsilon"
-    )
-
-    name: Literal["dpsgd"] = "dpsgd"
-    clip: float = Field(1.0, gt=0, description="clipping norm C of each example's gradient")
-    sigma: float = Field(ge=0, description="noise multiplier: the noise's std is sigma x clip")
-    delta: float | None = Field(
-        None, gt=0, lt=1, description="delta of (epsilon, delta)-DP (default 1/n_k)"
-    )
-    accountant: Literal["rdp", "prv"] = Field("rdp", description="privacy accountant: rdp | prv")
-    grad_sample_mode: Literal["hooks", "functorch", "ghost", "auto"] = Field(
-        "auto",
-        description="per-example gradients: hooks | functorch | ghost (norms only, no tied "
-        "parameters) | auto (ghost unless parameters are tied, then hooks)",
-    )
 
 
 class DpSgd(SampleDefense[DpSgdSettings]):

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from gradleak import devices
-from gradleak.defenses.base import DefenseSettings, UpdateDefense
-from gradleak.federated.client import ClientUpdate
-
-
-class NoiseSettings(DefenseSettings):
-    description: ClassVar[str] = (
-        "Gaussian noise on every tensor of the update: absolute sigma, or (relative=true) "
-        "sigma times each tensor's RMS, so the noise's norm is about sigma x the tensor's"
-    )
-
-    name: Literal["noise"] = "noise"
-    sigma: float = Field(gt=0, description="standard deviation (or its ratio, with relative)")
-    relative: bool = Field(False, description="scale sigma by each tensor's RMS")
+from gradleak.defenses.base import UpdateDefense
+from gradleak.defenses.settings import NoiseSettings
+from gradleak.federated.payload import UpdatePayload
+from gradleak.runtime import devices
 
 
 class GaussianNoise(UpdateDefense[NoiseSettings]):
@@ -39,7 +28,7 @@ class GaussianNoise(UpdateDefense[NoiseSettings]):
         mean_square = float(received.double().pow(2).mean())
         return variance + sigma**2 * mean_square / (1 + sigma**2)
 
-    def apply(self, update: ClientUpdate, generator: torch.Generator) -> ClientUpdate:
+    def apply(self, update: UpdatePayload, generator: torch.Generator) -> UpdatePayload:
         noised = {}
         for key in sorted(update.tensors):  # a fixed order: the same seed draws the same noise
             tensor = update.tensors[key]
@@ -51,4 +40,4 @@ class GaussianNoise(UpdateDefense[NoiseSettings]):
             )
             noised[key] = tensor + std * noise
         tensors = {key: noised[key] for key in update.tensors}
-        return ClientUpdate(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))
+        return UpdatePayload(kind=update.kind, tensors=tensors, metadata=dict(update.metadata))

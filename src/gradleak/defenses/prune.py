@@ -18,26 +18,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field
 
-from gradleak.defenses.base import DefenseSettings, RowwiseDefense
-from gradleak.federated.client import ClientUpdate
-
-
-class PruneSettings(DefenseSettings):
-    description: ClassVar[str] = (
-        "top-k pruning: keep the keep fraction of coordinates largest in magnitude, per tensor "
-        "or over the whole update, and send the others as 0 (Wu et al.'s rate 0.99 is keep=0.01)"
-    )
-
-    name: Literal["prune"] = "prune"
-    keep: float = Field(gt=0, le=1, description="fraction of coordinates kept, in (0, 1]")
-    scope: Literal["tensor", "global"] = Field(
-        "tensor", description="rank the coordinates of each tensor apart, or of the whole update"
-    )
+from gradleak.defenses.base import RowwiseDefense
+from gradleak.defenses.settings import PruneSettings
+from gradleak.federated.payload import UpdatePayload
 
 
 def kept_count(keep: float, numel: int) -> int:
@@ -76,7 +62,9 @@ def top_k_mask(values: torch.Tensor, k: int) -> torch.Tensor:
 class TopKPruning(RowwiseDefense[PruneSettings]):
     """Zeroes all but the ``keep`` fraction of coordinates largest in magnitude."""
 
-    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def apply_rows(
+        self, rows: UpdatePayload, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         keep, stacked = self.settings.keep, rows.tensors
         if self.settings.scope == "tensor":
             masks = {

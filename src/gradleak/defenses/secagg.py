@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from gradleak.defenses.base import AcrossClientsDefense, DefenseSettings
-from gradleak.federated.client import ClientUpdate
-
-
-class SecAggSettings(DefenseSettings):
-    description: ClassVar[str] = (
-        "secure aggregation over K clients: the server sees only the sum (or mean) of their "
-        "updates; the other K-1 clients hold other private examples of the same dataset"
-    )
-
-    name: Literal["secagg"] = "secagg"
-    clients: int = Field(ge=1, description="K: clients whose updates are combined (1: none)")
-    reduce: Literal["sum", "mean"] = Field("sum", description="sum or mean of the updates")
+from gradleak.defenses.base import AcrossClientsDefense
+from gradleak.defenses.settings import SecAggSettings
+from gradleak.federated.payload import UpdatePayload
 
 
 class SecureAggregation(AcrossClientsDefense[SecAggSettings]):
@@ -37,7 +26,7 @@ class SecureAggregation(AcrossClientsDefense[SecAggSettings]):
         k = self.clients
         return variance * k if self.settings.reduce == "sum" else variance / k
 
-    def combine(self, updates: list[ClientUpdate]) -> ClientUpdate:
+    def combine(self, updates: list[UpdatePayload]) -> UpdatePayload:
         if len(updates) != self.clients:
             raise ValueError(f"secagg expects {self.clients} updates, got {len(updates)}")
         first = updates[0]
@@ -51,4 +40,4 @@ class SecureAggregation(AcrossClientsDefense[SecAggSettings]):
             "aggregated_clients": len(updates),
             "aggregation": self.settings.reduce,
         }
-        return ClientUpdate(kind=first.kind, tensors=combined, metadata=metadata)
+        return UpdatePayload(kind=first.kind, tensors=combined, metadata=metadata)

@@ -9,31 +9,19 @@ gradient's L1 magnitude. The scale is one number per tensor, and the server lear
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
 import torch
-from pydantic import Field
 
-from gradleak.defenses.base import DefenseSettings, RowwiseDefense
-from gradleak.federated.client import ClientUpdate
-
-
-class SignSettings(DefenseSettings):
-    description: ClassVar[str] = (
-        "sign compression: each coordinate's sign (0 where it is 0), as signSGD sends it, or "
-        "(scale=mean) times each tensor's mean absolute value"
-    )
-
-    name: Literal["sign"] = "sign"
-    scale: Literal["none", "mean"] = Field(
-        "none", description="none: the signs (signSGD); mean: times each tensor's mean |g|"
-    )
+from gradleak.defenses.base import RowwiseDefense
+from gradleak.defenses.settings import SignSettings
+from gradleak.federated.payload import UpdatePayload
 
 
 class SignCompression(RowwiseDefense[SignSettings]):
     """Replaces every coordinate by its sign, optionally times its tensor's mean magnitude."""
 
-    def apply_rows(self, rows: ClientUpdate, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def apply_rows(
+        self, rows: UpdatePayload, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         tensors = {}
         for key, tensor in rows.tensors.items():
             signs = torch.sign(tensor)

@@ -9,17 +9,41 @@ runs whose results go into one SQLite database (``gradleak run EXPERIMENT.yaml``
         record = results.record("attack=lamp-cos,dataset=cola")     # a single run's record
 """
 
-from gradleak.experiments.database import CellStatus, ExperimentDatabase
-from gradleak.experiments.execute import (
-    Experiment,
-    ExperimentRun,
-    Plan,
-    load_experiment,
-    plan,
-    run_experiment,
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gradleak.runtime.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from gradleak.experiments.database import CellStatus, ExperimentDatabase
+    from gradleak.experiments.execute import (
+        Experiment,
+        ExperimentRun,
+        Plan,
+        load_experiment,
+        plan,
+        run_experiment,
+    )
+    from gradleak.experiments.grid import Cell
+    from gradleak.experiments.spec import ExperimentError
+
+# loaded on first use
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "CellStatus": "gradleak.experiments.database",
+        "ExperimentDatabase": "gradleak.experiments.database",
+        "Experiment": "gradleak.experiments.execute",
+        "ExperimentRun": "gradleak.experiments.execute",
+        "Plan": "gradleak.experiments.execute",
+        "load_experiment": "gradleak.experiments.execute",
+        "plan": "gradleak.experiments.execute",
+        "run_experiment": "gradleak.experiments.execute",
+        "Cell": "gradleak.experiments.grid",
+        "ExperimentError": "gradleak.experiments.spec",
+    },
 )
-from gradleak.experiments.grid import Cell
-from gradleak.experiments.spec import ExperimentError
 
 __all__ = [
     "Cell",

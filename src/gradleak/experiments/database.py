@@ -26,7 +26,7 @@ from typing import Any
 from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
 from gradleak.experiments.grid import Cell, canonical_json, identity_key
-from gradleak.record import Record
+from gradleak.running.record import Record
 
 FILE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1

@@ -1,31 +1,36 @@
 """Running an experiment: every cell of its grid through the single-run runner, each
 finished input committed to the experiment's database, resuming what an earlier run of the
-same experiment (or of another file declaring the same cells) finished."""
+same experiment (or of another file declaring the same cells) finished. Before anything is
+attacked, cells the database holds nothing of take in their kept inputs (the file's
+``kept:`` folder) or the same run from another experiment beside it
+(:mod:`gradleak.experiments.kept`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gradleak import runner
+from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.data.sources import dataset_status
-from gradleak.devices import resolve_device
-from gradleak.distributed import backend_session
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import CellStatus, ExperimentDatabase, cell_key
 from gradleak.experiments.estimate import CellEstimate, estimate
 from gradleak.experiments.grid import Cell, expand
+from gradleak.experiments.kept import adopt_earlier, earlier_results, keep_inputs, kept_hint
 from gradleak.experiments.published import Published, read_published
 from gradleak.experiments.spec import ExperimentFile, read_experiment, utility_of
 from gradleak.experiments.utility import UtilityProgress, measure_cells
-from gradleak.models.registry import MODELS, model_status
 from gradleak.models.sources import HF_PREFIX
-from gradleak.record import Record
-from gradleak.utility import UtilitySettings
+from gradleak.models.specs import MODELS, model_status
+from gradleak.running import runner
+from gradleak.running.distributed import backend_session
+from gradleak.running.record import Record
+from gradleak.runtime.devices import resolve_device
 
 DEFAULT_RUNS = Path("runs")
 
@@ -44,17 +49,47 @@ class Experiment:
     def name(self) -> str:
         return self.file.name
 
+    @property
+    def kept(self) -> Path | None:
+        """The folder of its cells' kept inputs (the file's ``kept:``), if it names one."""
+        return self.file.kept
+
     def default_out(self) -> Path:
         """Where its results go unless told otherwise: ``runs/NAME``."""
         return DEFAULT_RUNS / self.name
 
+    def chosen(self, only: str | None) -> list[Cell]:
+        """Its cells whose name contains ``only`` (all of them without it)."""
+        if only is None:
+            return self.cells
+        chosen = [cell for cell in self.cells if only in cell.name]
+        if not chosen:
+            names = ", ".join(cell.name for cell in self.cells)
+            raise GradleakError(f"no cell of {self.name} has '{only}' in its name (cells: {names})")
+        return chosen
 
-def load_experiment(path: str | Path, data_dir: str | None = None) -> Experiment:
-    """Read, expand and check an experiment file without running anything: unknown keys,
-    invalid values, missing paths, models and data are one-line errors naming the file, the
-    line and the key. ``data_dir``: the data folder of cells that do not set one."""
+
+def load_experiment(
+    path: str | Path, data_dir: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> Experiment:
+    """Read, expand and check an experiment file without running anything.
+
+    Args:
+        path: The experiment file (YAML).
+        data_dir: The data folder of cells that do not set one.
+        overrides: Options set in every cell over the file's values (``gradleak run
+            --set KEY=VALUE``); cells they make the same are one cell.
+
+    Returns:
+        The :class:`Experiment`: the file, its grid of cells, the published figures it names
+        and its ``utility:`` settings.
+
+    Raises:
+        ExperimentError: Unknown keys, invalid values, missing paths, models and data, as one
+            line naming the file, the line and the key.
+    """
     file = read_experiment(path)
-    cells = expand(file, data_dir)
+    cells = expand(file, data_dir, overrides)
     _check_available(file, cells)
     return Experiment(file, cells, published_of(file), utility_of(file))
 
@@ -63,7 +98,7 @@ def published_of(file: ExperimentFile) -> Published | None:
     """The published figures an experiment file names, read and checked."""
     if file.spec.published is None:
         return None
-    return read_published(file.path.parent / file.spec.published)
+    return read_published(file.folder_of(("published",)) / file.spec.published)
 
 
 def _check_available(file: ExperimentFile, cells: list[Cell]) -> None:
@@ -113,15 +148,22 @@ class Plan:
         return sum(e.seconds for _, _, e in self.cells)
 
 
-def plan(experiment: Experiment, out: str | Path | None = None) -> Plan:
-    """The experiment's cells, what ``out`` already holds of each, and the rest's cost."""
+def plan(experiment: Experiment, out: str | Path | None = None, only: str | None = None) -> Plan:
+    """The experiment's cells (those whose name contains ``only``), what ``out`` already holds
+    of each or would take in first (kept inputs, another experiment's same run), and the
+    rest's cost."""
     folder = Path(out) if out is not None else experiment.default_out()
+    cells = experiment.chosen(only)
     statuses: dict[str, CellStatus] = {}
     if (folder / "results.sqlite").exists():
         with ExperimentDatabase(folder, create=False) as database:
             statuses = {s.key: s for s in database.statuses()}
+    missing = [c for c in cells if statuses.get(cell_key(c)) is None]
+    for name, found in earlier_results(missing, None, experiment.kept, folder.parent).items():
+        cell = next(c for c in missing if c.name == name)
+        statuses[cell_key(cell)] = found.status(cell)
     rows = []
-    for cell in experiment.cells:
+    for cell in cells:
         status = statuses.get(cell_key(cell))
         rows.append((cell, status, estimate(cell.config, status)))
     return Plan(rows)
@@ -140,6 +182,8 @@ class ExperimentRun:
     records: dict[str, Record | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     utility_errors: dict[str, str] = field(default_factory=dict)  # by scenario
+    adopted: dict[str, Path] = field(default_factory=dict)  # cells taken in, and from where
+    kept: list[Path] = field(default_factory=list)  # the files ``keep`` wrote
     seconds: float = 0.0
 
 
@@ -156,40 +200,83 @@ def run_experiment(
     ray_address: str | None = None,
     progress: GridProgress | None = None,
     utility_progress: UtilityProgress | None = None,
+    only: str | None = None,
+    keep: bool = False,
 ) -> ExperimentRun:
-    """Run every cell of ``experiment`` (a file, or one loaded by :func:`load_experiment`),
-    keeping each finished input in ``out/results.sqlite`` (default ``runs/NAME``).
+    """Run every cell of an experiment, keeping each finished input in
+    ``out/results.sqlite``: ``gradleak run``.
 
-    Cells already finished there are not run again, and part-way cells resume. A cell whose
-    run fails (a dataset too small for its inputs, an attack that cannot apply) is reported
-    in the result's ``errors`` and the grid goes on. ``limit`` runs at most the first
-    ``limit`` inputs of each cell. ``workers``, ``device``, ``stack``, ``backend``,
-    ``ray_address``: as ``gradleak.run`` (one Ray instance serves the whole grid).
+    Cells already finished there are not run again, and part-way cells resume. A cell the
+    folder holds nothing of first takes in its kept inputs (the file's ``kept:`` folder) or
+    the same run from another results folder beside ``out``
+    (:mod:`gradleak.experiments.kept`). A cell whose run fails (a dataset too small for its
+    inputs, an attack that cannot apply) is reported in the result's ``errors`` and the grid
+    goes on. An experiment with a ``utility:``
+    section then fine-tunes each distinct scenario of the cells it ran once (not again on a
+    re-run) and keeps its dev metrics beside the cells'.
 
-    An experiment with a ``utility:`` section then fine-tunes each distinct scenario of its
-    grid once (not again on a re-run) and keeps its dev metrics beside the cells'."""
+    Args:
+        experiment: A file, or one loaded by :func:`load_experiment`.
+        out: The results folder (default ``runs/NAME``).
+        workers: As ``gradleak.attack``.
+        device: As ``gradleak.attack``.
+        limit: Run at most the first ``limit`` inputs of each cell.
+        data_dir: The data folder of cells that do not set one, when ``experiment`` is a
+            file.
+        stack: As ``gradleak.attack``.
+        backend: As ``gradleak.attack`` (one Ray instance serves the whole grid).
+        ray_address: As ``gradleak.attack``.
+        progress: Called as each cell advances: (cell index, cells, inputs done in the
+            grid, inputs in the grid, the cell's status line).
+        utility_progress: Called as the ``utility:`` fine-tunings advance.
+        only: Run only the cells whose name contains this.
+        keep: Then write every cell's finished inputs to the file's ``kept:`` folder
+            (replacing what was kept of each).
+
+    Returns:
+        The :class:`ExperimentRun`: the folder, each cell's record (None for a cell left
+        part-way by ``limit``) or the one-line error that stopped it, and the time taken.
+
+    Raises:
+        ExperimentError: A bad experiment file (see :func:`load_experiment`).
+        GradleakError: A results folder that cannot be used, a backend that cannot start,
+            an ``only`` no cell's name contains, or ``keep`` without a ``kept:`` folder.
+    """
     started = time.perf_counter()
     if not isinstance(experiment, Experiment):
         experiment = load_experiment(experiment, data_dir)
+    chosen = experiment.chosen(only)
+    if keep and experiment.kept is None:
+        raise GradleakError(
+            f"{experiment.file.path}: --keep needs a folder to keep the inputs in: add "
+            "`kept: FOLDER` to the file"
+        )
     folder = Path(out) if out is not None else experiment.default_out()
     device = str(resolve_device(device))
     result = ExperimentRun(folder)
     with backend_session(backend, ray_address), ExperimentDatabase(folder) as database:
         database.set_meta("name", experiment.name)
-        database.set_meta("experiment", experiment.file.path.read_text(encoding="utf-8"))
+        database.set_meta("experiment", experiment.file.text)
         database.set_meta("description", experiment.file.spec.description)
         if experiment.published is not None:
             database.set_meta("published", experiment.published.model_dump_json())
         for cell in experiment.cells:  # every planned cell, so a report shows what is to come
             database.cell_results(cell, device).start()
-        run_cells(experiment.cells, database, result, workers=workers, device=device,
-                  limit=limit, progress=progress, stack=stack, backend=backend,
+        result.adopted = adopt_earlier(database, experiment.cells, experiment.kept)
+        run_cells(chosen, database, result, workers=workers, device=device, limit=limit,
+                  progress=progress, stack=stack, backend=backend,
                   ray_address=ray_address)  # fmt: skip
+        for cell in chosen:
+            if cell.name in result.errors:
+                result.errors[cell.name] += kept_hint(database, cell, experiment.kept, device)
         if experiment.utility is not None:
             database.set_meta("utility", experiment.utility.model_dump_json())
             result.utility_errors = measure_cells(
-                experiment.cells, experiment.utility, database, device, utility_progress
+                chosen, experiment.utility, database, device, utility_progress
             )
+        if keep:
+            assert experiment.kept is not None
+            result.kept = keep_inputs(database, experiment.cells, experiment.kept)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -1,21 +1,34 @@
 """An experiment's cells: the product of its axes over its fixed settings, less the excluded
 combinations, with the include rules applied as GitHub Actions applies a matrix's ``include``
 (a rule whose axis values match existing cells adds its other settings to them; a rule that
-matches none is a cell of its own). Every cell is validated as a ``gradleak attack`` run
-would be, and a problem names the file, the line and the key that caused it."""
+matches none is a cell of its own; a file without axes is its include rules' cells). Every
+cell is validated as a ``gradleak attack`` run would be, and a problem names the file, the
+line and the key that caused it. A run may set options in every cell (``overrides``: the
+command line's ``--set KEY=VALUE``), and cells are named by the file's ``cell_name`` where it
+has one, else by the values that tell them apart."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradleak.config import RunConfig
+from gradleak.config.options import all_options, config_from_options, unknown_name
 from gradleak.errors import OptionError
-from gradleak.experiments.spec import ExperimentFile, Location, option_key, same_value
-from gradleak.options import all_options, config_from_options
+from gradleak.experiments.spec import (
+    CELL_NAME,
+    OVERRIDE,
+    ExperimentError,
+    ExperimentFile,
+    Location,
+    name_templates,
+    option_key,
+    same_value,
+)
 
 PATH_OPTIONS = ("data_dir",)  # options holding a path: relative to the experiment's folder
 
@@ -54,21 +67,31 @@ class _Draft:
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, Location] = field(default_factory=dict)
+    name: tuple[str, Location] | None = None  # an include rule's name template, and its place
 
     def set(self, key: str, value: Any, source: Location) -> None:
         self.values[key] = value
         self.sources[key] = source
 
 
-def expand(experiment: ExperimentFile, data_dir: str | None = None) -> list[Cell]:
+def expand(
+    experiment: ExperimentFile,
+    data_dir: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> list[Cell]:
     """The experiment's cells in the order of its axes (then its include rules), each
-    validated. ``data_dir`` is the data folder of cells that do not set one."""
+    validated. ``data_dir`` is the data folder of cells that do not set one; ``overrides``
+    (option -> value) are set in every cell over the file's values (cells they make the same
+    are one cell)."""
     spec = experiment.spec
     drafts = _product(experiment)
     drafts = [d for d in drafts if not any(_matches(d, rule) for rule in _rules(spec.exclude))]
     drafts = _apply_includes(experiment, drafts)
     if not drafts:
         raise experiment.error(("exclude",), "the grid is empty: every cell is excluded")
+    for key, value in checked_overrides(overrides or {}).items():
+        for draft in drafts:
+            draft.set(key, value, (OVERRIDE, key))
     labels = _varying(experiment, drafts)
     cells: list[Cell] = []
     seen: dict[str, str] = {}
@@ -82,26 +105,17 @@ def expand(experiment: ExperimentFile, data_dir: str | None = None) -> list[Cell
     return cells
 
 
-def named_cells(named: list[tuple[str, dict[str, Any]]]) -> list[Cell]:
-    """Cells made in code rather than declared in a file (the benchmark suites), each
-    validated as ``gradleak attack`` validates its options and labelled, as a grid's cells
-    are, by the options whose values differ between them."""
-    keys = dict.fromkeys(k for _, options in named for k in options if k != "data_dir")
-    first = named[0][1] if named else {}
-    varying = [k for k in keys if any(_differs(o.get(k), first.get(k)) for _, o in named)]
-    return [
-        Cell(
-            name,
-            {k: options[k] for k in varying if k in options},
-            dict(options),
-            config_from_options(options),
-        )  # fmt: skip
-        for name, options in named
-    ]
-
-
-def _differs(a: Any, b: Any) -> bool:
-    return (a is not None or b is not None) and not same_value(a, b)
+def checked_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``--set`` options by their keys; an unknown one is a one-line error."""
+    table = all_options()
+    checked = {}
+    for raw, value in overrides.items():
+        key = option_key(raw)
+        if key not in table:
+            problem = unknown_name(raw, table).replace(f"unknown option '{raw}'", "not an option")
+            raise ExperimentError(f"{OVERRIDE} {raw}: {problem}")
+        checked[key] = value
+    return checked
 
 
 def _rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,8 +123,11 @@ def _rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _product(experiment: ExperimentFile) -> list[_Draft]:
-    """Every combination of the axes' values over the fixed settings."""
+    """Every combination of the axes' values over the fixed settings (none without axes
+    where include rules make the cells)."""
     spec = experiment.spec
+    if not spec.axes and spec.include:
+        return []
     axes = list(spec.axes.items())
     drafts = []
     for choice in itertools.product(*(range(len(values)) for _, values in axes)):
@@ -128,7 +145,7 @@ def _varying(experiment: ExperimentFile, drafts: list[_Draft]) -> list[str]:
     whose value is not the same in every cell."""
     spec = experiment.spec
     keys = [option_key(k) for k in spec.axes]
-    keys += [option_key(k) for rule in spec.include for k in rule]
+    keys += [option_key(k) for rule in spec.include for k in rule if k != CELL_NAME]
     varying = []
     for key in dict.fromkeys(keys):
         values = [d.values.get(key) for d in drafts]
@@ -148,7 +165,9 @@ def _apply_includes(experiment: ExperimentFile, drafts: list[_Draft]) -> list[_D
     fixed = experiment.spec.fixed
     original = list(drafts)
     for i, raw_rule in enumerate(experiment.spec.include):
-        rule = {option_key(raw): (raw, value) for raw, value in raw_rule.items()}
+        rule = {option_key(raw): (raw, value) for raw, value in raw_rule.items()
+                if raw != CELL_NAME}  # fmt: skip
+        name = (raw_rule[CELL_NAME], ("include", i, CELL_NAME)) if CELL_NAME in raw_rule else None
         on_axes = {k: v for k, (_, v) in rule.items() if k in axis_keys}
         extended = False
         for draft in original:
@@ -156,9 +175,10 @@ def _apply_includes(experiment: ExperimentFile, drafts: list[_Draft]) -> list[_D
                 for key, (raw, value) in rule.items():
                     if key not in axis_keys:
                         draft.set(key, value, ("include", i, raw))
+                draft.name = name or draft.name
                 extended = True
         if not extended:
-            draft = _Draft()
+            draft = _Draft(name=name)
             for raw, value in fixed.items():
                 draft.set(option_key(raw), value, ("fixed", raw))
             for key, (raw, value) in rule.items():
@@ -177,7 +197,7 @@ def _validated(
     values, dropped = {}, []
     for key, value in draft.values.items():
         owners = table[key].attacks
-        shared = draft.sources[key][0] in ("fixed", "axes")
+        shared = draft.sources[key][0] in ("fixed", "axes", OVERRIDE)
         if owners and attack not in owners and shared and _someone_takes(experiment, key):
             dropped.append(key)  # a shared option of the grid's other attacks
             continue
@@ -192,7 +212,43 @@ def _validated(
         raise experiment.error(location, _without_flag(str(exc), key)) from None
     named = {k: draft.values[k] for k in labels if k in draft.values and k not in dropped}
     name = ",".join(f"{key}={_text(value)}" for key, value in named.items()) or "default"
+    name = _declared_name(experiment, draft, name)
     return Cell(name, named, values, config, tuple(dropped), dict(draft.sources))
+
+
+class _Fields(dict):
+    """A cell's values for a name template: ``{batch-size}`` and ``{batch_size}`` alike."""
+
+    def __getitem__(self, key: str) -> Any:
+        return super().__getitem__(option_key(key))
+
+
+def _declared_name(experiment: ExperimentFile, draft: _Draft, default: str) -> str:
+    """The cell's name from its include rule's template or the file's first ``cell_name``
+    rule it matches; ``default`` (its labels) where the file names it by neither."""
+    template = draft.name
+    if template is None:
+        template = next(
+            ((name, location) for name, where, location in name_templates(experiment)
+             if _matches(draft, {option_key(k): v for k, v in where.items()})),
+            None,
+        )  # fmt: skip
+    if template is None:
+        return default
+    text, location = template
+    try:
+        name = text.format_map(_Fields(draft.values))
+    except KeyError as exc:
+        raise experiment.error(
+            location, f"{{{exc.args[0]}}} is not set in cell {default}: name it by another rule"
+        ) from None
+    except (ValueError, TypeError, IndexError) as exc:
+        raise experiment.error(location, f"cannot name cell {default}: {exc}") from None
+    if not name.strip() or "/" in name or name.startswith("."):
+        raise experiment.error(
+            location, f"'{name}' cannot name a cell (a kept folder holds a file of that name)"
+        )
+    return name
 
 
 def _someone_takes(experiment: ExperimentFile, key: str) -> bool:
@@ -207,7 +263,7 @@ def _someone_takes(experiment: ExperimentFile, key: str) -> bool:
 def _resolved(experiment: ExperimentFile, draft: _Draft, key: str, value: Any) -> Any:
     """A path option relative to the experiment's folder; an error if it does not exist.
     ``file:`` datasets are resolved the same way."""
-    folder = experiment.path.parent
+    folder = experiment.folder_of(draft.sources[key])
     if key in PATH_OPTIONS and value is not None:
         path = (folder / Path(str(value)).expanduser()).resolve()
         if not path.exists():
@@ -223,7 +279,7 @@ def _resolved(experiment: ExperimentFile, draft: _Draft, key: str, value: Any) -
 
 def _first_axis(draft: _Draft) -> Location:
     """Where a cell's problem is blamed when no one option is: its first axis value."""
-    return next((s for s in draft.sources.values() if s[0] != "fixed"), ())
+    return next((s for s in draft.sources.values() if s[0] not in ("fixed", OVERRIDE)), ())
 
 
 def _without_flag(message: str, key: str | None) -> str:
@@ -242,9 +298,10 @@ def _check_names_unique(experiment: ExperimentFile, cells: list[Cell]) -> None:
     names: dict[str, Cell] = {}
     for cell in cells:
         if cell.name in names:
+            where = (CELL_NAME,) if experiment.spec.cell_name is not None else ("include",)
             raise experiment.error(
-                ("include",),
-                f"two different cells are both named {cell.name}: give the include rule a "
-                "value that tells them apart",
+                where,
+                f"two different cells are both named {cell.name}: name them apart, or give "
+                "the include rule a value that tells them apart",
             )
         names[cell.name] = cell

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradleak.config import RunConfig
+from gradleak.config.options import all_options, options_of, unknown_name
 from gradleak.experiments.spec import located, option_key, read_yaml, same_value, validated
-from gradleak.options import all_options, options_of, unknown_name
 
 METRICS = ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_match")
 

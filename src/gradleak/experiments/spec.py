@@ -11,25 +11,56 @@ The shape (keys are ``gradleak attack`` option names, with dashes or underscores
     exclude: [{attack: tag, dataset: sst2}]
     include: [{attack: dager, dataset: cola}]
     utility: {rounds: 3, clients: 4}   # optional: each cell's scenario fine-tuned and scored
+    cell_name: "{attack}-{dataset}"    # optional: the cells' names (default: their labels)
+    kept: kept/lamp-table1             # optional: a folder of finished inputs kept as text
+    extends: base.yaml                 # optional: start from another file's declaration
+
+``extends`` reads another experiment file (relative to this one) and lays this file's keys
+over it: an option set here in ``fixed`` or ``axes`` replaces the base's setting of it (fixed
+or axis), ``include`` and ``exclude`` rules add to the base's, and ``description``,
+``published``, ``utility`` and ``cell_name`` are the base's unless set here (``name`` and
+``kept`` are never inherited). One grid at two sizes is one file and a few lines that extend
+it. Every problem is still located in the file that declared the key.
+
+``cell_name`` is a template of option fields (``str.format``: ``"{attack}-B{batch_size}"``,
+``"lr{lr:g}"``), or a list of ``{where: {...}, name: TEMPLATE}`` rules of which the first whose
+``where`` values a cell has names it (a rule without ``where`` names every other cell); an
+include rule's own ``cell_name`` names the cells it makes or extends. Names must be unique,
+and make file names (a kept folder holds one file per cell).
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gradleak.config.fine_tuning import UtilitySettings
+from gradleak.config.options import all_options, unknown_name, utility_settings
 from gradleak.errors import GradleakError, OptionError
-from gradleak.options import all_options, unknown_name, utility_settings
-from gradleak.utility import UtilitySettings
 
 Location = tuple[str | int, ...]  # a key's place in the file: ("axes", "attack", 1)
+Places = dict[Location, tuple[Path, int]]  # each key's file and line (a base's keys: the base's)
+CELL_NAME = "cell_name"  # the key of an include rule that is a name, not an option
+INHERITED = ("description", "published", "utility", CELL_NAME)  # a base's, unless set here
 
 
 class ExperimentError(OptionError):
     """A problem with an experiment file, located: ``file:line: key: problem``."""
+
+
+class NameRule(BaseModel):
+    """One rule of ``cell_name``: the name of the cells that have the ``where`` values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    where: dict[str, Any] = Field(
+        default_factory=dict, description="option values a cell must have (none: every cell)"
+    )
+    name: str = Field(description="the cells' name: text with {option} fields (str.format)")
 
 
 class ExperimentSpec(BaseModel):
@@ -57,6 +88,20 @@ class ExperimentSpec(BaseModel):
         description="also measure what each cell's protocol and defenses cost the model: "
         "`gradleak utility`'s fine-tuning options ({} takes their defaults)",
     )
+    extends: str | None = Field(
+        None, description="an experiment file (beside this one) whose declaration this one extends"
+    )
+    cell_name: str | list[NameRule] | None = Field(
+        None,
+        description="the cells' names: a template of {option} fields, or {where:, name:} rules "
+        "(the first that matches names a cell); default: the values that tell cells apart",
+    )
+    kept: str | None = Field(
+        None,
+        description="a folder (beside this file) of the cells' finished inputs kept as text, "
+        "CELL.json.partial.jsonl each: a run takes them in first; `gradleak run --keep` "
+        "writes them",
+    )
 
     @field_validator("name")
     @classmethod
@@ -67,19 +112,61 @@ class ExperimentSpec(BaseModel):
 
 
 class ExperimentFile:
-    """A parsed experiment file: its declaration, where each key sits, and its folder (the
-    base of relative paths inside it)."""
+    """A parsed experiment file: its declaration (a base's it extends laid under it), the
+    file and line of each key, and the text of every file it was read from."""
 
-    def __init__(self, path: Path, spec: ExperimentSpec, lines: dict[Location, int]) -> None:
-        self.path, self.spec, self.lines = path, spec, lines
+    def __init__(
+        self,
+        path: Path,
+        spec: ExperimentSpec,
+        places: Places,
+        texts: tuple[tuple[Path, str], ...] = (),
+    ) -> None:
+        self.path, self.spec, self.places = path, spec, places
+        self.texts = texts or ((path, path.read_text(encoding="utf-8")),)
 
     @property
     def name(self) -> str:
         return self.spec.name or self.path.stem
 
+    @property
+    def text(self) -> str:
+        """The file as written, followed by each file it extends (what a report shows)."""
+        own, *bases = self.texts
+        parts = [own[1].rstrip("\n")]
+        parts += [f"# --- extended: {path} ---\n{text.rstrip()}" for path, text in bases]
+        return "\n\n".join(parts) + "\n"
+
+    @property
+    def kept(self) -> Path | None:
+        """The folder of the cells' kept inputs, when the file names one."""
+        if self.spec.kept is None:
+            return None
+        return (self.path.parent / Path(self.spec.kept).expanduser()).resolve()
+
+    def lines_of(self, path: Path) -> dict[Location, int]:
+        """The line of each key that ``path`` (this file or a base) declared."""
+        return {loc: line for loc, (where, line) in self.places.items() if where == path}
+
+    def folder_of(self, location: Location) -> Path:
+        """The folder a relative path at ``location`` is relative to: its file's."""
+        if location and location[0] == OVERRIDE:
+            return Path.cwd()
+        return self.places.get(location, (self.path, 0))[0].parent
+
     def error(self, location: Location, problem: str) -> ExperimentError:
-        """``file:line: key: problem`` for the key at ``location`` (or its nearest parent)."""
-        return located(self.path, self.lines, location, problem)
+        """``file:line: key: problem`` for the key at ``location`` (or its nearest parent), in
+        the file that declared it; ``--set KEY: problem`` for a run's override."""
+        if location and location[0] == OVERRIDE:
+            return ExperimentError(f"{OVERRIDE} {location[1]}: {problem}")
+        for cut in range(len(location), 0, -1):
+            if location[:cut] in self.places:
+                path, _ = self.places[location[:cut]]
+                return located(path, self.lines_of(path), location, problem)
+        return located(self.path, {}, location, problem)
+
+
+OVERRIDE = "--set"  # the source of an option a run sets in every cell (``expand``'s overrides)
 
 
 def located(
@@ -96,27 +183,114 @@ def located(
     return ExperimentError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
 
 
-def read_experiment(path: str | Path) -> ExperimentFile:
-    """Read and check an experiment file's shape and option names (the cells' values are
-    checked when the grid is expanded: ``gradleak.experiments.grid``)."""
+def read_experiment(path: str | Path, _extending: tuple[Path, ...] = ()) -> ExperimentFile:
+    """Read and check an experiment file's shape and option names, and those of the files it
+    extends (the cells' values are checked when the grid is expanded:
+    ``gradleak.experiments.grid``)."""
     path = Path(path)
     data, lines = read_yaml(path, "experiment file")
     if not isinstance(data, dict):
         raise ExperimentError(f"{path}: an experiment file is a mapping with fixed: and axes:")
     spec = validated(ExperimentSpec, data, path, lines)
-    experiment = ExperimentFile(path, spec, lines)
+    places = {location: (path, line) for location, line in lines.items()}
+    experiment = ExperimentFile(path, spec, places)
+    if spec.extends is not None:
+        experiment = _extended(experiment, _base(experiment, (*_extending, path.resolve())))
     _check_option_names(experiment)
+    _check_cell_names(experiment)
     utility_of(experiment)
-    if spec.published is not None:
-        published = (path.parent / spec.published).resolve()
-        if not published.is_file():
-            raise experiment.error(("published",), f"{published} does not exist: fix the path")
+    if experiment.spec.published is not None:
+        published = experiment.folder_of(("published",)) / experiment.spec.published
+        if not published.resolve().is_file():
+            raise experiment.error(
+                ("published",), f"{published.resolve()} does not exist: fix the path"
+            )
+    _check_kept(experiment)
     return experiment
+
+
+def _base(experiment: ExperimentFile, extending: tuple[Path, ...]) -> ExperimentFile:
+    """The file ``experiment`` extends, read and checked."""
+    assert experiment.spec.extends is not None
+    base = (experiment.path.parent / Path(experiment.spec.extends).expanduser()).resolve()
+    if base in extending:
+        chain = " -> ".join(p.name for p in (*extending, base))
+        raise experiment.error(("extends",), f"the files extend each other: {chain}")
+    if not base.is_file():
+        raise experiment.error(("extends",), f"{base} does not exist: fix the path")
+    return read_experiment(base, extending)
+
+
+def _extended(own: ExperimentFile, base: ExperimentFile) -> ExperimentFile:
+    """``own``'s keys laid over ``base``'s declaration (see the module's docstring)."""
+    spec, given = own.spec, own.spec.model_fields_set
+    replaced = _keys(spec.fixed) | _keys(spec.axes)
+    places: Places = {}
+    for location, place in base.places.items():
+        section = location[0]
+        if section in ("fixed", "axes"):
+            if len(location) > 1 and option_key(str(location[1])) in replaced:
+                continue
+        elif section not in ("include", "exclude") and (
+            section not in INHERITED or section in given
+        ):
+            continue
+        places[location] = place
+    shift = {"include": len(base.spec.include), "exclude": len(base.spec.exclude)}
+    for location, place in own.places.items():
+        if location[0] in shift and len(location) > 1:
+            location = (location[0], int(location[1]) + shift[str(location[0])], *location[2:])
+        places[location] = place
+    inherited = {key: getattr(base.spec, key) for key in ("description", "utility", CELL_NAME)
+                 if key not in given}  # fmt: skip
+    if "published" not in given and base.spec.published is not None:
+        inherited["published"] = str(base.folder_of(("published",)) / base.spec.published)
+    merged = spec.model_copy(
+        update={
+            **inherited,
+            "fixed": _laid_over(base.spec.fixed, spec.fixed, _keys(spec.axes)),
+            "axes": _laid_over(base.spec.axes, spec.axes, _keys(spec.fixed)),
+            "include": [*base.spec.include, *spec.include],
+            "exclude": [*base.spec.exclude, *spec.exclude],
+        }
+    )
+    return ExperimentFile(own.path, merged, places, (*own.texts, *base.texts))
+
+
+def _keys(mapping: dict[str, Any]) -> set[str]:
+    return {option_key(k) for k in mapping}
+
+
+def _laid_over(base: dict[str, Any], own: dict[str, Any], dropped: set[str]) -> dict[str, Any]:
+    """The base's settings in their order, each replaced by ``own``'s of the same option and
+    left out where ``dropped`` (set in the other section here), then ``own``'s new ones."""
+    mine = {option_key(k): (k, v) for k, v in own.items()}
+    merged: dict[str, Any] = {}
+    for raw, value in base.items():
+        key = option_key(raw)
+        if key in dropped:
+            continue
+        raw, value = mine.pop(key, (raw, value))
+        merged[raw] = value
+    merged.update(dict(mine.values()))
+    return merged
+
+
+def _check_kept(experiment: ExperimentFile) -> None:
+    """``kept:`` names a folder, or one a ``--keep`` run can make beside existing ones."""
+    folder = experiment.kept
+    if folder is None:
+        return
+    if folder.exists() and not folder.is_dir():
+        raise experiment.error(("kept",), f"{folder} is a file: name a folder")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise experiment.error(("kept",), f"{folder.parent} does not exist: fix the path")
 
 
 def utility_of(experiment: ExperimentFile) -> UtilitySettings | None:
     """The fine-tuning that measures utility, when the file asks for one (validated)."""
-    return utility_at(experiment.path, experiment.lines, experiment.spec.utility)
+    path = experiment.places.get(("utility",), (experiment.path, 0))[0]
+    return utility_at(path, experiment.lines_of(path), experiment.spec.utility)
 
 
 def utility_at(
@@ -179,8 +353,12 @@ def _check_option_names(experiment: ExperimentFile) -> None:
     ]
     sections += [(("include", i), rule) for i, rule in enumerate(spec.include)]
     sections += [(("exclude", i), rule) for i, rule in enumerate(spec.exclude)]
+    if isinstance(spec.cell_name, list):
+        sections += [((CELL_NAME, i, "where"), r.where) for i, r in enumerate(spec.cell_name)]
     for location, mapping in sections:
         for raw in mapping:
+            if location[0] == "include" and raw == CELL_NAME:
+                continue  # the name of the rule's cells (``_check_cell_names``)
             if option_key(raw) not in table:
                 problem = unknown_name(raw, table).replace(
                     f"unknown option '{raw}'", "not an option"
@@ -197,6 +375,39 @@ def _check_option_names(experiment: ExperimentFile) -> None:
     for i, rule in enumerate(spec.exclude):
         if not rule:
             raise experiment.error(("exclude", i), "an empty rule would exclude every cell")
+
+
+def name_templates(experiment: ExperimentFile) -> list[tuple[str, dict[str, Any], Location]]:
+    """``cell_name`` as (template, where, location) rules, first match first."""
+    given = experiment.spec.cell_name
+    if given is None:
+        return []
+    if isinstance(given, str):
+        return [(given, {}, (CELL_NAME,))]
+    return [(rule.name, rule.where, (CELL_NAME, i, "name")) for i, rule in enumerate(given)]
+
+
+def _check_cell_names(experiment: ExperimentFile) -> None:
+    """Every name template is text whose fields are options."""
+    templates = [(t, location) for t, _, location in name_templates(experiment)]
+    for i, rule in enumerate(experiment.spec.include):
+        if CELL_NAME in rule:
+            templates.append((rule[CELL_NAME], ("include", i, CELL_NAME)))
+    table = all_options()
+    for template, location in templates:
+        if not isinstance(template, str) or not template.strip():
+            raise experiment.error(location, "a cell's name is text: give a name or a template")
+        try:
+            fields = [field for _, field, _, _ in string.Formatter().parse(template)]
+        except ValueError as exc:
+            raise experiment.error(location, f"not a name template: {exc}") from None
+        for field in fields:
+            if field is not None and option_key(field) not in table:
+                problem = "name a field by its option: {attack}" if not field else (
+                    unknown_name(field, table).replace(f"unknown option '{field}'",
+                                                       f"{{{field}}} is not an option")
+                )  # fmt: skip
+                raise experiment.error(location, problem)
 
 
 def same_value(a: Any, b: Any) -> bool:

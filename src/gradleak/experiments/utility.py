@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gradleak.config import RunConfig
+from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase, hashed_key
 from gradleak.experiments.grid import Cell, canonical_json
-from gradleak.utility import UtilitySettings, measure_utility, utility_record
 
 # (scenarios done, scenarios, the scenario's name)
 UtilityProgress = Callable[[int, int, str], None]
@@ -84,6 +84,8 @@ def stored_or_measured(
     key = utility_key(config, settings)
     record = database.utility(key)
     if record is None:
+        from gradleak.evaluation.utility import measure_utility, utility_record  # (torch)
+
         result = measure_utility(config, settings, device=device)
         record = utility_record(config, settings, result)
         database.store_utility(key, utility_identity(config, settings), record)

@@ -6,23 +6,22 @@ import contextlib
 import copy
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from gradleak import devices
 from gradleak.data import Example
+from gradleak.federated.payload import UpdatePayload
+from gradleak.federated.private import PrivateGradients, PrivateSteps, Staged
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.sharing import TensorSpec, apply_training_setup, shared_tensor_specs
-from gradleak.models.registry import Victim
+from gradleak.models.loading import Victim
 from gradleak.models.tasks import EncodedBatch, encode_examples, task_loss, unwrap
-
-if TYPE_CHECKING:
-    from gradleak.defenses.base import Defense, PrivateGradients, SampleDefense
+from gradleak.runtime import devices
 
 
 @dataclass
@@ -131,18 +130,6 @@ class _CrossEntropies(TorchFunctionMode):
         return torch.stack(per_example).mean(dim=0)
 
 
-@dataclass
-class ClientUpdate:
-    """What the server receives: named tensors plus the round's protocol metadata.
-
-    ``kind`` is ``gradient`` (FedSGD) or ``weight_delta`` (FedAvg: new minus old weights).
-    """
-
-    kind: str
-    tensors: dict[str, torch.Tensor]
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
 def set_mode(model: nn.Module, mode: str) -> None:
     model.train(mode == "train")
 
@@ -167,9 +154,9 @@ def compute_update(
     global_model: GlobalModel,
     batch: EncodedBatch,
     seed: int,
-    defenses: Sequence[Defense] = (),
+    defenses: Sequence[Staged] = (),
     generator: torch.Generator | None = None,
-) -> ClientUpdate:
+) -> UpdatePayload:
     """Run the client's round on its private batch. Dropout masks are drawn from ``seed``.
 
     Of the scenario's ``defenses`` the client runs those that act per sample (DP-SGD) inside
@@ -208,7 +195,7 @@ def compute_update(
         }
         kind = "weight_delta"
     metadata = update_metadata(global_model, batch.input_ids.shape[0])
-    return ClientUpdate(kind=kind, tensors=tensors, metadata=metadata)
+    return UpdatePayload(kind=kind, tensors=tensors, metadata=metadata)
 
 
 def fedsgd_gradient(global_model: GlobalModel, batch: EncodedBatch) -> dict[str, torch.Tensor]:
@@ -252,7 +239,7 @@ def update_metadata(global_model: GlobalModel, n_samples: int | None) -> dict[st
     }
 
 
-def _sample_defense(defenses: Sequence[Defense]) -> SampleDefense | None:
+def _sample_defense(defenses: Sequence[Staged]) -> PrivateSteps | None:
     """The per-sample defense among ``defenses`` (at most one: ``build_defenses`` checks)."""
     private = [d for d in defenses if d.stage == "per_sample"]
     return private[0] if private else None
@@ -260,7 +247,7 @@ def _sample_defense(defenses: Sequence[Defense]) -> SampleDefense | None:
 
 def timed_update(
     global_model: GlobalModel, batch: EncodedBatch, seed: int
-) -> tuple[ClientUpdate, float]:
+) -> tuple[UpdatePayload, float]:
     """:func:`compute_update` and its wall seconds: the client's cost, for the run's record.
 
     The seconds stay with the caller: they are not part of what the server receives.
@@ -354,3 +341,9 @@ def _local_training(
                 rows = local.input_ids.shape[0]
                 steps.gradient(lambda local=local: global_model.example_losses(model, local), rows)
             optimizer.step()
+
+
+def __getattr__(name: str) -> object:
+    from gradleak.renamed import renamed_attribute
+
+    return renamed_attribute(__name__, name)

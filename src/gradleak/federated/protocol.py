@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gradleak.models.adapters import ROLES
+from gradleak.models.roles import ROLES
 
 
 class LoraSettings(BaseModel):

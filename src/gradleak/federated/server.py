@@ -1,6 +1,6 @@
 """What the honest-but-curious server knows when it attacks one client update.
 
-The attack is handed a :class:`ServerKnowledge` and the :class:`ClientUpdate`, nothing else.
+The attack is handed a :class:`ServerKnowledge` and the :class:`UpdatePayload`, nothing else.
 The knowledge is built from the global model and the protocol facts the scenario declares as
 known (labels, sequence lengths); the private token ids never enter it.
 """

@@ -17,7 +17,8 @@ from torch import nn
 
 from gradleak.errors import GradleakError
 from gradleak.federated.protocol import LoraSettings, Protocol
-from gradleak.models.adapters import ROLES, ModelAdapter, RoleModule
+from gradleak.models.adapters import ModelAdapter, RoleModule
+from gradleak.models.roles import ROLES
 from gradleak.models.tasks import unwrap
 
 _ITEM = re.compile(r"^(\*|\d+|\d+-\d+)\.([qkvofp]+)$")

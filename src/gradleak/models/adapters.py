@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-ROLES: tuple[str, ...] = ("q", "k", "v", "o", "f", "p")
-
 # Attention keys and values of the blocks before some layer, one ``(keys, values)`` pair per
 # block, each ``[batch, kv_heads, length, head_dim]`` (the Hugging Face cache layout).
 PastKeyValues = list[tuple[torch.Tensor, torch.Tensor]]

@@ -11,8 +11,6 @@ import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from gradleak.data.hub import HF_PREFIX
 from gradleak.errors import GradleakError
 from gradleak.models.cache import cache_dir, cached_conversion
@@ -77,6 +75,8 @@ def _convert_smollm2(out: Path) -> None:
     The GGUF loader dequantizes every tensor (about 25 s); the model is rebuilt from its config
     without the quantization settings so that it saves as a plain checkpoint.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # only to convert
+
     source = smollm2_gguf_dir()
     if source is None:
         raise _missing_package("smollm2", SMOLLM2_PACKAGE)
@@ -130,6 +130,8 @@ def _write_lti_tokenizer(out: Path) -> None:
     The files come from the converted SmolLM2 in the cache when it is there (a copy), else
     from the packaged GGUF file's metadata (a few seconds; the weights are not read).
     """
+    from transformers import AutoTokenizer  # only to convert
+
     if smollm2_converted():
         tokenizer = AutoTokenizer.from_pretrained(smollm2_cache())
     else:

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.config import RunConfig
+from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.experiments.database import CellStatus, ExperimentDatabase
 from gradleak.experiments.published import Figure, Published
 from gradleak.experiments.utility import utility_key
-from gradleak.record import Metrics, Record
-from gradleak.runner import public_sample, summarize
-from gradleak.utility import UtilitySettings
+from gradleak.running.record import Metrics, Record, public_sample, summarize
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class CellReport:
     wanted: int
     failed: int
     metrics: Metrics
-    samples: list[dict[str, Any]]  # public samples (``runner.public_sample``), by index
+    samples: list[dict[str, Any]]  # public samples (``record.public_sample``), by index
     scenario: str
     attack_s: float
     update_s: float

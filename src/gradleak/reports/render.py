@@ -16,12 +16,12 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from gradleak import __version__
 from gradleak.experiments.published import Figure, Published
 from gradleak.reports.data import CellReport, ReportData, read_report_data
 from gradleak.reports.federation import FederationReport, is_federation, read_federation
 from gradleak.reports.highlight import marked
 from gradleak.reports.plots import plots
+from gradleak.version import __version__
 
 STRICT = (("rouge1", "R-1"), ("rouge2", "R-2"), ("rougeL", "R-L"),
           ("token_accuracy", "token acc"), ("exact_match", "exact %"))  # fmt: skip
@@ -141,8 +141,21 @@ def render_federation(report: FederationReport, fmt: str = "html") -> str:
 
 
 def write_report(folder: str | Path, out: str | Path | None = None, fmt: str = "html") -> Path:
-    """Render the report of results ``folder`` to ``out`` (default: ``folder/report.html``
-    or ``report.md``) and return its path."""
+    """Render the report of a results folder: ``gradleak report``.
+
+    Args:
+        folder: What ``gradleak run`` (an experiment, an audit) or ``gradleak flower --out``
+            wrote.
+        out: The report's file (default: ``folder/report.html`` or ``report.md``).
+        fmt: ``html`` (one offline page) or ``md`` (the tables as Markdown).
+
+    Returns:
+        The report's path.
+
+    Raises:
+        ValueError: An unknown ``fmt``.
+        GradleakError: A folder that holds no results.
+    """
     if fmt not in ("html", "md"):
         raise ValueError(f"unknown report format {fmt!r}: use html or md")
     if is_federation(folder) and not (Path(folder) / "results.sqlite").exists():

@@ -53,22 +53,20 @@ from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
 
 class DagerAttack(Attack[DagerSettings]):
-    description: ClassVar[str] = (
-        "DAGER: exact recovery from the span of layer-1/2 q/k/v gradients (Petrov et al. 2024)"
-    )
+    description: ClassVar[str] = DagerSettings.description
     # Its output is a set: the paper scores each reference's best match.
     paper_pairing: ClassVar[Literal["matched", "best"]] = "best"
 
     def __init__(self, settings: DagerSettings | None = None) -> None:
         super().__init__(settings or DagerSettings())
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> DagerPlan | Refusal:
+    def check(self, update: UpdatePayload, knowledge: ServerKnowledge) -> DagerPlan | Refusal:
         """Layer 1's and layer 2's span checks, or a refusal when one of them has full rank
         (the batch holds too many distinct tokens for an exact check), when a public sign
         compression left no low-rank structure, or when public pruning kept too few rows
@@ -91,7 +89,7 @@ class DagerAttack(Attack[DagerSettings]):
 
     def run(
         self,
-        update: ClientUpdate,
+        update: UpdatePayload,
         knowledge: ServerKnowledge,
         plan: DagerPlan,
         seed: int,
@@ -165,7 +163,7 @@ class DagerAttack(Attack[DagerSettings]):
 
     def _peeling(
         self,
-        update: ClientUpdate,
+        update: UpdatePayload,
         knowledge: ServerKnowledge,
         plan: DagerPlan,
         hf: torch.nn.Module,
@@ -180,7 +178,7 @@ class DagerAttack(Attack[DagerSettings]):
         tokenizer = knowledge.tokenizer
         whole, first = candidates, update
 
-        def layer2_rank(rest: ClientUpdate) -> int:
+        def layer2_rank(rest: UpdatePayload) -> int:
             return layer_check(rest, knowledge, 1, self.settings).rank
 
         while True:
@@ -194,9 +192,8 @@ class DagerAttack(Attack[DagerSettings]):
             )
             if taken and not any(search.passes(score) for _, score in found):
                 # The remainder's token filter can cut a true token and end the positions
-                # there (Rotten Tomatoes B=4, tenth batch: with three sentences off, the
-                # last one's tokens stopped at position 10 of 29): the whole update's
-                # tokens again, which hold the rest's.
+                # there: the whole update's tokens again, which hold the rest's
+                # (docs/design/dager-peeling.md).
                 found = search.run(
                     whole, tokenizer, knowledge.batch_size, knowledge.lengths, tokens, more
                 )
@@ -230,10 +227,10 @@ class DagerAttack(Attack[DagerSettings]):
 
     def _rest_candidates(
         self,
-        rest: ClientUpdate,
+        rest: UpdatePayload,
         knowledge: ServerKnowledge,
         whole: list[list[int]],
-        first: ClientUpdate,
+        first: UpdatePayload,
         hf: torch.nn.Module,
         plan: DagerPlan,
         state: SearchState,
@@ -263,8 +260,7 @@ def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchSt
     clean gradient (FedSGD, no defense: several local steps read other inputs, and noise or
     pruning blur the count), in the layer's own space (not LoRA's) and below the hidden size
     (see ``lengths.py``). A train-mode client's dropout moves each layer-2 input but keeps one
-    per token: the rank still counts them (MiniLM, CoLA B=4 under dropout 0.1, first three
-    batches: ranks 41, 44, 54, the batches' token counts)."""
+    per token: the rank still counts them (docs/design/dager-encoder.md)."""
     exact = (
         knowledge.global_model.protocol.algorithm == "fedsgd"
         and not knowledge.defenses

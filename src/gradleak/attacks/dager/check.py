@@ -33,7 +33,8 @@ from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
 from gradleak.defenses import noise_std
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate, GlobalModel
+from gradleak.federated.client import GlobalModel
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
@@ -163,7 +164,7 @@ def require_scenario(gm: GlobalModel) -> None:
 
 
 def layer_check(
-    update: ClientUpdate, knowledge: ServerKnowledge, layer: int, settings: DagerSettings
+    update: UpdatePayload, knowledge: ServerKnowledge, layer: int, settings: DagerSettings
 ) -> LayerCheck:
     """The span checks of layer ``layer`` (0-based); an update without its q, k or v gradient
     is an error of the setup."""
@@ -235,7 +236,7 @@ def full_rank_refusal(
     check: LayerCheck,
     layer: int,
     defenses: tuple[Any, ...] = (),
-    update: ClientUpdate | None = None,
+    update: UpdatePayload | None = None,
     rank_tol: float | None = None,
 ) -> Refusal | None:
     """A refusal when one of the layer's spans is full, naming what can fill it: the client's
@@ -270,12 +271,12 @@ def full_rank_refusal(
     return None
 
 
-def _adam_delta(update: ClientUpdate) -> bool:
+def _adam_delta(update: UpdatePayload) -> bool:
     """Whether ``update`` is the weight delta of a client that stepped with Adam."""
     return update.kind == "weight_delta" and update.metadata.get("optimizer") == "adam"
 
 
-def _float32_delta(update: ClientUpdate) -> bool:
+def _float32_delta(update: UpdatePayload) -> bool:
     """Whether ``update`` is a FedAvg weight delta computed in float32 (or coarser)."""
     if update.kind != "weight_delta" or not update.tensors:
         return False
@@ -283,7 +284,7 @@ def _float32_delta(update: ClientUpdate) -> bool:
 
 
 def _projection_gradients(
-    update: ClientUpdate, knowledge: ServerKnowledge, layer: int, projections: str
+    update: UpdatePayload, knowledge: ServerKnowledge, layer: int, projections: str
 ) -> tuple[list[Block], list[tuple[Block, torch.Tensor]]]:
     """Gradients of layer ``layer``'s chosen projections, oriented ``[rows, input_dim]``.
 
@@ -326,7 +327,7 @@ def _projection_gradients(
     return blocks, adapter_blocks
 
 
-def _tensors_for(update: ClientUpdate, specs: list, role: str) -> list[torch.Tensor]:
+def _tensors_for(update: UpdatePayload, specs: list, role: str) -> list[torch.Tensor]:
     """The update's tensors of one parameter that carry projection ``role``."""
     # A fused layer shared whole holds q, k and v at once: take it once, for any role.
     return [
@@ -335,7 +336,7 @@ def _tensors_for(update: ClientUpdate, specs: list, role: str) -> list[torch.Ten
 
 
 def _check(
-    update: ClientUpdate,
+    update: UpdatePayload,
     blocks: list[Block],
     rank_tol: float | None,
     pruned: bool,
@@ -389,7 +390,7 @@ def _whole_rows(blocks: list[Block]) -> list[Block]:
 
 
 def _span(
-    update: ClientUpdate,
+    update: UpdatePayload,
     blocks: list[Block],
     rank_tol: float | None,
     defenses: tuple[Any, ...] = (),

@@ -20,7 +20,7 @@ from gradleak.models.adapters import PastKeyValues
 from gradleak.models.tasks import end_with_eos
 
 # A gap under this distance separates prefixes that lie in the span from the rest, as in a
-# clean gradient (true prefixes there: 1e-8 to 1e-5), even when the span was cut at a noise
+# clean gradient (whose true prefixes lie far below it), even when the span was cut at a noise
 # floor; above it a noisy span's true prefixes may be anywhere (see ``DecoderSearch._cut``).
 CLEAN_CUT = 1e-3
 
@@ -141,21 +141,17 @@ class DecoderSearch(SentenceSearch):
         )
         if self.layer2.drift_bounds and fixed is None:
             # True prefixes lie under the drift, and a false extension may lie just above
-            # it, under a decade from it (SmolLM2, CoLA B=16, float64 client, 8 local
-            # batches of 2, first batch: true prefixes at 1e-7 to 1.2e-3, the drift 3.8e-3,
-            # false extensions of true ones from 5.2e-3). With no clear gap the cut fell
-            # back to 1e-2, and the false prefixes it let in multiplied until the search
-            # budget was spent (30-41 s a batch).
+            # it, under a decade from it. With no clear gap the cut fell back to 1e-2, and
+            # the false prefixes it let in multiplied until the search budget was spent
+            # (docs/design/dager-fedavg.md).
             return min(cut, self.layer2.drift)
         if self.layer2.noisy and fixed is None and cut >= CLEAN_CUT:
             # A partial span leaves true prefixes near it, not in it: keep as many of the
             # nearest as the batch has sentences. Not past a gap below CLEAN_CUT: prefixes
             # under it lie in the span as a clean gradient's do, and forcing the count past
             # it kept a false prefix at every position once some sentences had ended, so the
-            # beam ran on to the search budget (SmolLM2, CoLA B=16, float64 client, E=10, lr
-            # 1e-4, first batch: 15 true at 1e-7 to 7e-6, the 16th kept at 4.4e-3; 38.7 s).
-            # Public noise puts true prefixes far higher (tiny Llama, noise 1e-4: one at
-            # 3e-3, the other sentence's at 6e-2 beside false ones from 6.4e-2).
+            # beam ran on to the search budget. Public noise puts true prefixes far higher
+            # (both cases: docs/design/dager-fedavg.md).
             cut = max(cut, count_cut(distances, batch_size))
         return cut
 

@@ -17,13 +17,12 @@ import torch
 from gradleak.attacks.dager.search import SentenceSearch
 
 # Positions either side of the changed one whose layer-2 distances decide a choice: the
-# changed token moves its neighbours' inputs most (measured: a window of 2 recovers RT B=4's
-# four sentences where the changed position alone, or the whole sentence's mean, stalls).
+# changed token moves its neighbours' inputs most (docs/design/dager-encoder.md).
 WINDOW = 2
-# A sentence this near layer 2's span at every position counts as found during the search
-# (measured in float32: the batch's own 1e-7 to 1e-6; one wrong token puts every position at
-# 1e-2 or more on MiniLM, 1e-3 or more on a 64-wide toy). Nearer a noise floor nothing counts
-# as found and every start is tried; the final cut adapts either way.
+# A sentence this near layer 2's span at every position counts as found during the search:
+# far above a float32 batch's own sentences, far below one with a wrong token
+# (docs/design/dager-encoder.md). Nearer a noise floor nothing counts as found and every start
+# is tried; the final cut adapts either way.
 SURE = 1e-4
 
 
@@ -60,8 +59,7 @@ class DescentSearch(SentenceSearch):
         (at most ``encoder_sweeps``) or the sentence passes.
 
         No earlier sign tells a good start from a bad one: one wrong token moves every
-        position's layer-2 input off the span (measured: 1e-2 to 1e-1 at all positions
-        with 23 of 25 tokens right, 1e-7 once all are)."""
+        position's layer-2 input off the span."""
         embeds = context.clone()
         fixed = len(prefix)
         embeds[1 : 1 + fixed] = table[prefix]
@@ -189,8 +187,7 @@ class DescentSearch(SentenceSearch):
 
         Where the adapter runs a block at chosen rows, layer 1 is computed only there: the
         other positions' keys and values are the sentence's own (a token changes only its
-        position's), so a trial costs its window's rows, not the whole sentence's
-        (MiniLM, 30 tokens, a window of 5: about a seventh of the arithmetic)."""
+        position's), so a trial costs its window's rows, not the whole sentence's."""
         adapter, hf = self.adapter, self.hf
         if not adapter.supports_block_rows:
             trials = embeds.expand(len(replacements), -1, -1).clone()

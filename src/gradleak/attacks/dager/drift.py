@@ -4,10 +4,9 @@ A FedAvg delta of several local steps sums gradients each taken at the weights t
 before it had reached, so step k's inputs went through the embeddings, norms and layer 1 as
 step k saw them, not as the server computes them with the global weights. The span holds
 those inputs; a token or prefix a later step read sits off the server's version of it by
-about how far the weights moved. Measured (SmolLM2, CoLA B=16, one epoch of local batches of
-2, SGD lr 1e-4, float64 client): layer 1 put the first step's tokens at 1e-8, the later
-steps' at 1e-5 to 5e-4 and every other token at 0.14; the largest gap, 1e-8 to 1e-5, kept
-the first step's two sentences only (12.5% exact).
+about how far the weights moved, and the largest gap then separates the first step's inputs
+from the later steps' instead of the batch's from the rest (measured: see
+docs/design/dager-fedavg.md).
 
 The server knows both ends of the client's path: the global weights and the global weights
 plus the delta. How far an input moves between the two bounds how far any step's version of
@@ -20,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
@@ -28,7 +27,7 @@ from gradleak.models.tasks import unwrap
 DRIFT_SEQUENCES, DRIFT_LENGTH = 32, 12
 
 
-def several_steps(update: ClientUpdate) -> bool:
+def several_steps(update: UpdatePayload) -> bool:
     """Whether the update sums local steps that read different inputs: local batches smaller
     than the client's data. (Epochs over one local batch read its inputs first at the global
     weights: the span holds them exactly, and the moved copies of later epochs add nothing.)"""
@@ -38,7 +37,7 @@ def several_steps(update: ClientUpdate) -> bool:
     return update.kind == "weight_delta" and samples is not None and local < samples
 
 
-def end_model(update: ClientUpdate, knowledge: ServerKnowledge) -> nn.Module:
+def end_model(update: UpdatePayload, knowledge: ServerKnowledge) -> nn.Module:
     """The client's model after its round: the global weights plus the delta it sent (the
     tensors it did not share stay as they were)."""
     gm = knowledge.global_model

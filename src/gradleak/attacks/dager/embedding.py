@@ -6,8 +6,7 @@ tokens: the bag of words leaks whole (Melis et al. 2019 made this point for any 
 embedding layer). DAGER's paper reads the tokens from layer 1's span alone. Where layer 1
 reads several moved copies of each token (a FedAvg delta of many epochs at a large rate), its
 rank grows past the batch's token count and the rank-many nearest tokens pass with the true
-ones; the moved rows leave only the true ones (SmolLM2, CoLA B=16, float64 client, E=10, lr
-5e-4: layer 1 passed 423 and 351 tokens on two of three batches of 123 and 121 distinct).
+ones; the moved rows leave only the true ones (measured: docs/design/dager-fedavg.md).
 
 Used only where a zero row means an unread token: a gradient, or a float64 client's delta. A
 float32 client's delta can round a whole row's step away at small rates. Not used either where
@@ -22,12 +21,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradleak.federated.client import ClientUpdate, GlobalModel
+from gradleak.federated.client import GlobalModel
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
 
-def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] | None:
+def moved_tokens(update: UpdatePayload, knowledge: ServerKnowledge) -> set[int] | None:
     """The tokens whose embedding row the update changed, or None where that is not the
     batch's token set (see the module's docstring)."""
     gm = knowledge.global_model
@@ -44,7 +44,7 @@ def moved_tokens(update: ClientUpdate, knowledge: ServerKnowledge) -> set[int] |
 
 
 def table_update(
-    update: ClientUpdate, gm: GlobalModel, weight: nn.Parameter
+    update: UpdatePayload, gm: GlobalModel, weight: nn.Parameter
 ) -> torch.Tensor | None:
     """The update's whole tensor for the embedding table ``weight`` (a parameter of
     ``gm.model``), or None where it was not sent whole (frozen, LoRA-adapted, not shared)."""

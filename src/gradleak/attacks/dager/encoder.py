@@ -4,11 +4,10 @@ by layer 2.
 An encoder's layer-2 input at a position depends on the whole sentence, so no prefix can be
 checked alone, and layer 1 does not narrow the positions much: a token repeated at two
 positions puts the difference of their position embeddings in layer 1's span, and then every
-batch token seen at one of them passes at the other (measured on Rotten Tomatoes B=4: 48
-candidates at most positions, all of them batch tokens at span distance 1e-7). What does
-separate them is layer 2 with the right context: with the rest of the sentence true, the true
-token is the nearest at its position every time, while with a neutral filler in place of the
-unknown positions it often is not (same batch: ranks up to 47 of 48).
+batch token seen at one of them passes at the other. What does separate them is layer 2 with
+the right context: with the rest of the sentence true, the true token is the nearest at its
+position every time, while with a neutral filler in place of the unknown positions it often
+is not.
 
 So each length's sentence is found by descent from a start: the first inner token is fixed
 (each of its candidates in turn: a sentence of this length starts with one of them, and with
@@ -16,7 +15,8 @@ the first token wrong the rest goes astray), the other positions are filled gree
 right against a filler context, then swept until no position changes, each position taking the
 token that brings its neighbourhood nearest the span (``descent.py``). A start that reaches a
 sentence whose every layer-2 input lies in the span has found one of the batch's. Here: which
-starts are tried at which lengths, and which sentences make the batch.
+starts are tried at which lengths, and which sentences make the batch. The measurements that
+shaped this search: see docs/design/dager-encoder.md.
 """
 
 from __future__ import annotations
@@ -91,10 +91,8 @@ class EncoderSearch(DescentSearch):
         around those it found (``sentences``), then ``pick``.
 
         In eval mode the per-length search checks every sentence exactly and is fast on
-        short batches, so it goes first; the joint fill alone was slower there and no more
-        exact (Rotten Tomatoes' first three batches of 4 with the true lengths: 5 of 12 in
-        139 s on a loaded core, the search 5 of 12 in 1156 s), but it passes sentences the
-        search misses, and the reverse."""
+        short batches, so it goes first; the joint fill alone was no more exact there, but it
+        passes sentences the search misses, and the reverse (docs/design/dager-encoder.md)."""
         frame = self._frame(candidates, tokenizer)
         if self.state.layer2_ranks_only:
             layouts = self._capped(self._layouts(frame, batch_size, lengths, tokens))
@@ -143,9 +141,7 @@ class EncoderSearch(DescentSearch):
         their lengths a single way to make up the count (always, when the server knows the
         lengths), and at the end, if one was found, in each way when at most ``MAX_LAYOUTS``
         remain. Each way is a fill of every missing sentence: with none found and several
-        ways (Rotten Tomatoes' third batch of 4, 35 candidate lengths) the search and six
-        fills had not ended after 35 minutes on a loaded core, and the fill with the true
-        lengths passed none of the four."""
+        ways, filling each one costs far more than it finds (docs/design/dager-encoder.md)."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         inner, contexts = frame.inner, frame.contexts
         ends = [length - 1 for length in contexts]
@@ -353,10 +349,9 @@ class EncoderSearch(DescentSearch):
 
         A first token that began a sentence found already (``elsewhere``) waits behind
         ``ROUND_STARTS`` more starts, once: it more likely begins none here, but sentences
-        do share first words (CoLA's first batch of 8: two questions begin with "who", of
-        12 and 7 tokens, and sent to the back of the queue the 12-token one was never
-        reached). The filler ranking of ``_starts`` puts the true first token near, not
-        at, the front (on RT B=4: 2nd to 4th of 4 for three lengths). A start whose descent
+        do share first words, and one sent to the back of the queue may never be reached.
+        The filler ranking of ``_starts`` puts the true first token near, not at, the
+        front (docs/design/dager-encoder.md has both cases). A start whose descent
         passes may be shared by another sentence of this length: its prefix extended by
         each other candidate of the next position joins the queue."""
         options, queue = search.options, search.queue
@@ -386,9 +381,8 @@ class EncoderSearch(DescentSearch):
             prefix = queue.pop(0)
             # The sentences this start could fall back into: those found here that share
             # its prefix, or (a first token alone) those found anywhere that begin with it;
-            # their tokens would pull the descent back into them (CoLA's first batch of 8:
-            # from "who", the 12-token question ended as "who has seen my snorkel? first?",
-            # the 7-token one found already, plus two tokens).
+            # their tokens would pull the descent back into them (an example:
+            # docs/design/dager-encoder.md).
             if len(prefix) > 1:
                 found = [list(ids) for ids in search.passing]
             else:

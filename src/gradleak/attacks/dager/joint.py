@@ -2,10 +2,9 @@
 
 Searched one length at a time, a descent under dropout ends on hybrids: from the right first
 word it fills positions with other sentences' words, whose layer-2 distances rank as well as
-the right ones once the context is wrong (MiniLM, CoLA B=4, dropout 0.1: "the boy ran. songs
-and question seamus first?"). Yet each (position, token) pair that layer 1 passes belongs to
-one of the batch's sentences, and with the rest of its sentence right the true token is the
-nearest of its position's candidates (at every position of the first three batches checked).
+the right ones once the context is wrong. Yet each (position, token) pair that layer 1 passes
+belongs to one of the batch's sentences, and with the rest of its sentence right the true
+token is the nearest of its position's candidates (docs/design/dager-encoder.md has both).
 So the batch is filled jointly: one slot per sentence, its length from the batch's token count
 (``lengths.py``), and at each position the slots still running share that position's
 candidates by a minimum-cost matching (a token goes to one slot unless the position has fewer

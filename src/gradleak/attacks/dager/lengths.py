@@ -2,7 +2,7 @@
 
 Layer 2 reads one input per token of the batch, and each depends on its whole sentence (full
 attention), so no two coincide: the rank of layer 2's gradient span is the batch's token count
-(measured on MiniLM, CoLA B=8, SST-2 B=8, Rotten Tomatoes B=4 and 8: equal in all 12 batches).
+(checked on real batches: docs/design/dager-encoder.md).
 With the sentence count public, the lengths form a multiset of ``B`` candidate lengths summing
 to that rank. Once some sentences are found, a length can hold another only if the rest can
 still be completed; a separator position that ends no sentence (layer 1 passes some, see
@@ -52,8 +52,7 @@ class LengthBudget:
         """Up to ``limit`` multisets of ``sentences`` candidate lengths summing to ``tokens``
         (longest lengths first). ``every``: only those holding each candidate length at
         least once (where no candidate is spurious, as under dropout's robust check, each
-        ends a sentence: MiniLM, CoLA B=8, the first batch's six lengths leave one such
-        layout of the 30 that sum to its 85 tokens). ``least_alive``: per position, how many
+        ends a sentence, which leaves few layouts). ``least_alive``: per position, how many
         sentences reach it at least; a layout with fewer longer than it is left out."""
         options = sorted(self.lengths, reverse=True)
         fixed: tuple[int, ...] = tuple(options) if every else ()

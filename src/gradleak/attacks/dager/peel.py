@@ -4,30 +4,21 @@ A FedSGD classification gradient is the mean of the batch's per-example gradient
 server holds the model the client differentiated. Once a sentence passes layer 2 it is known
 token for token, so the server can compute its gradient itself, for each class its label
 may be; with the right label, the update minus a ``1/B`` share of it is the gradient of the
-other sentences alone (to float32 rounding, about 1e-7 of the gradient). Its spans hold
-only their inputs: layer 1 passes their tokens only, where a repeated token had let every
-batch token pass at many positions, and layer 2's rank counts their tokens only.
-
-This is not in DAGER's paper, which checks every sentence against the one span. Measured on
-MiniLM, Rotten Tomatoes' second batch of 4 (sentences of 38, 20, 30 and 45 tokens): with
-all four in the span 56 tokens passed layer 1 at most positions and 31 sentence lengths had
-a [SEP]; the search found the 30-token sentence and no other in 570 s. With that sentence
-taken off, 1 to 4 tokens passed per position (29 at three), 5 lengths had a [SEP], and the
-search found two of the other three in 27 s.
+other sentences alone (to float32 rounding). Its spans hold only their inputs: layer 1
+passes their tokens only, where a repeated token had let every batch token pass at many
+positions, and layer 2's rank counts their tokens only. This is not in DAGER's paper, which
+checks every sentence against the one span.
 
 The remainder's layer-1 span is the noisy one: the client's float32 rounding of the whole
-gradient stays in it while the signal shrinks to the rest's (same batch, the 25-token
-sentence taken off: the rest's weakest direction at 1.5e-5 of the largest, the rounding at
-9e-7; layer 2's drop stays clean, 5.8e-4 to 2.2e-7). Recomputed from that span, the token
-check cut true tokens (their distances 1e-7 to 3e-4) and the search found nothing more. So
-the tokens are not checked afresh: of those the whole update's span passed, a position keeps
-the ones within ``REST_TOKEN_CUT`` of the remainder's span (there: every true token, and
-none of the 24 only the removed sentence had, those at 2.2e-3 or more).
+gradient stays in it while the signal shrinks to the rest's, and a token check recomputed
+from it cuts true tokens. So the tokens are not checked afresh: of those the whole update's
+span passed, a position keeps the ones within ``REST_TOKEN_CUT`` of the remainder's span.
 
 The label is the class whose remainder's layer-2 rank falls by the sentence's length (the
-wrong class leaves the sentence's inputs in, with other weights: 5e-3 of the largest
-singular value against 2e-7 on that batch). When no class does, nothing is taken off: the
-sentence was not the batch's, or the round is not a plain mean of example gradients.
+wrong class leaves the sentence's inputs in, with other weights). When no class does,
+nothing is taken off: the sentence was not the batch's, or the round is not a plain mean of
+example gradients. What peeling gains, and the distances behind ``REST_TOKEN_CUT``: see
+docs/design/dager-peeling.md.
 """
 
 from __future__ import annotations
@@ -38,17 +29,18 @@ from dataclasses import replace
 import torch
 
 from gradleak.attacks.dager.check import LayerCheck
-from gradleak.federated.client import ClientUpdate, fedsgd_gradient
+from gradleak.federated.client import fedsgd_gradient
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.adapters import ModelAdapter
 from gradleak.models.tasks import EncodedBatch, unwrap
 
 # A token the whole update's layer 1 passed stays a candidate at its position while its
-# distance to the remainder's layer-1 span is under this (see the module's docstring).
+# distance to the remainder's layer-1 span is under this (docs/design/dager-peeling.md).
 REST_TOKEN_CUT = 1e-3
 
 
-def peelable(update: ClientUpdate, knowledge: ServerKnowledge) -> bool:
+def peelable(update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
     """Whether the update is one plain FedSGD gradient of a mean classification loss that
     the server can recompute per sentence: no defense (noise, clipping, pruning change what
     was sent), no dropout (the client's masks are unknown), more than one sentence."""
@@ -88,11 +80,11 @@ def sentence_batch(
 
 
 def peel(
-    update: ClientUpdate,
+    update: UpdatePayload,
     knowledge: ServerKnowledge,
     ids: Sequence[int],
-    layer2_rank: Callable[[ClientUpdate], int],
-) -> tuple[ClientUpdate, int] | None:
+    layer2_rank: Callable[[UpdatePayload], int],
+) -> tuple[UpdatePayload, int] | None:
     """The update without the sentence ``ids`` (tokens with the markers), and the label that
     took it off: the class whose remainder's layer-2 rank (``layer2_rank``) is the update's
     less the sentence's length. None when no class's is. ``knowledge`` is the server's view
@@ -108,7 +100,7 @@ def peel(
             key: value - share * gradient[key].to(value.dtype)
             for key, value in update.tensors.items()
         }
-        rest = ClientUpdate(update.kind, tensors, update.metadata)
+        rest = UpdatePayload(update.kind, tensors, update.metadata)
         if layer2_rank(rest) == rank - len(ids):
             return rest, label
     return None

@@ -17,10 +17,9 @@ sit at any position left open.
 
 Layer 1's span cannot do this on an encoder batch: a token repeated at two positions puts the
 difference of their position embeddings in the span, and every batch token then passes at
-most positions (MiniLM, Rotten Tomatoes B=4, third batch: 101 tokens at most of 41 positions;
-the rows placed 116 of its 142 inputs, none wrongly, and left 8 tokens open at 12 positions:
-at the others a position holds only its own 1 to 4 tokens). Train-mode dropout acts after the
-LayerNorm, so the orthogonality holds under it too.
+most positions; the rows place most inputs exactly and leave few tokens open (measured: see
+docs/design/dager-encoder.md). Train-mode dropout acts after the LayerNorm, so the
+orthogonality holds under it too.
 """
 
 from __future__ import annotations
@@ -31,15 +30,15 @@ import torch
 from torch import nn
 
 from gradleak.attacks.dager.embedding import table_update
-from gradleak.federated.client import ClientUpdate, GlobalModel
+from gradleak.federated.client import GlobalModel
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
 # A token row (or a position row) is one input's gradient when its cosine with that input is
-# under this, and no other candidate's is under three times it. A float32 gradient's true
-# pairs measured 5e-9 to 9e-8 (MiniLM, Rotten Tomatoes B=4 and 8, CoLA and SST-2 B=8), the
-# nearest false ones 1.1e-6 and up (the next position's input, whose position embedding is
-# close to the true one's).
+# under this, and no other candidate's is under three times it: between a float32 gradient's
+# true pairs and the nearest false ones, the next position's input (measured:
+# docs/design/dager-encoder.md).
 ONE_INPUT = 3e-7
 
 # A row is used up when what is left of it is under this share of its norm (float32 rounding
@@ -73,10 +72,10 @@ class Placement:
 
 
 def placed_tokens(
-    update: ClientUpdate,
+    update: UpdatePayload,
     knowledge: ServerKnowledge,
     moved: set[int],
-    whole: ClientUpdate | None = None,
+    whole: UpdatePayload | None = None,
 ) -> Placement | None:
     """The rows' placement of the ``moved`` tokens, or None where the rows do not say: not
     one plain gradient (a weight delta sums gradients at moved weights, a defense alters
@@ -121,7 +120,7 @@ def placed_tokens(
 
 
 def _rows(
-    update: ClientUpdate, gm: GlobalModel, hf: nn.Module, table: tuple[nn.Embedding, int]
+    update: UpdatePayload, gm: GlobalModel, hf: nn.Module, table: tuple[nn.Embedding, int]
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The update's token-embedding rows and its position rows from position 0 on (float64),
     or None where either table was not sent whole."""

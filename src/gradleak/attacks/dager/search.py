@@ -72,10 +72,9 @@ def pick_distinct(
     """``pick_batch``, passing over a sentence one token edit away from one chosen before
     while others remain.
 
-    Under a noisy span (a float32 FedAvg delta at lr 1e-2, two epochs, CoLA B=16) such
-    near-misses pass beside the true sentence ("They have no." and "came in in." after "They
-    have no old." and "came in."), score better than whole sentences of the batch, and took 6
-    of the 16 places."""
+    Under a noisy span (a float32 FedAvg delta) such near-misses pass beside the true
+    sentence and score better than whole sentences of the batch (an example:
+    docs/design/dager-fedavg.md)."""
     ranked = sorted(sentences, key=lambda item: item[1])
     chosen: list[tuple[list[int], float]] = []
     for ids, score in ranked:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from gradleak.attacks.base import AttackSettings
+from gradleak.attacks.settings import AttackSettings
 
 
 class DagerSettings(AttackSettings):
     """Thresholds and caps. ``None`` thresholds adapt to the update (largest log-gap)."""
+
+    description: ClassVar[str] = (
+        "DAGER: exact recovery from the span of layer-1/2 q/k/v gradients (Petrov et al. 2024)"
+    )
 
     name: Literal["dager"] = Field("dager", description="the attack: DAGER")
     projections: str = Field(

@@ -102,10 +102,8 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
 
     Iteratively reweighted least squares for ``min_c sum_i |x_i - (B c)_i|^(1/2)``, with a
     smoothing that shrinks. The least-absolute-deviations fit (q = 1) it replaces lets a
-    mixture of span vectors win when an input has a near twin in the batch: MiniLM, CoLA
-    B=4 under dropout 0.1, two 9-token sentences put two masked copies of [SEP] at position
-    8; the exact L1 optimum (a linear program) reproduced 16% of [SEP]'s coordinates, this
-    fit 77% (each copy keeps 88-92% of them), every token that was not there 14-16%."""
+    mixture of span vectors win when an input has a near twin in the batch, such as two
+    masked copies of one token (the case that decided it: docs/design/dager-encoder.md)."""
     scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
     x = x / scale
     coeffs = x @ basis

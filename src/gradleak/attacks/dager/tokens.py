@@ -19,13 +19,10 @@ from gradleak.attacks.dager.search import SearchState, count_cut, threshold
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.federated.server import ServerKnowledge
 
-# The adaptive cut is never below this span distance. A float32 gradient's true inputs lie
-# at 1e-7 to 1e-6 mostly, but those along the span's weakest direction lie further: MiniLM,
-# Rotten Tomatoes' tenth batch of four (layer 1's last kept singular value 1.9e-6 of the
-# largest, the rounding 4.4e-8), position 20: the three true tokens at 9.9e-8, 2.7e-6 and
-# 6.1e-6, the nearest other token at 1.1e-4. The largest gap was the first, and two of the
-# three sentences were lost with their tokens; with the floor the cut sits at 1e-5 there,
-# and at the positions around it the gap above the true tokens still decides.
+# The adaptive cut is never below this span distance. A float32 gradient's true inputs along
+# the span's weakest direction lie further from it than the rest, and the largest gap can
+# fall among them, cutting true tokens; with the floor the gap above the true tokens decides
+# (the batch that showed it: docs/design/dager-encoder.md).
 TOKEN_FLOOR = 1e-5
 
 
@@ -49,8 +46,8 @@ def token_candidates(
     dropout = _input_dropout(knowledge, layer1, settings, state)
     directions = _norm_directions(adapter.input_norm(hf, 0)) if dropout else None
     # The tokenizer's own markers ([CLS], [SEP], ...) are public and in every sentence: the
-    # robust check refits them whatever their plain distance (under dropout a masked [CLS]
-    # at position 0 ranked 18,293rd by plain distance, with 88% of its coordinates fitted).
+    # robust check refits them whatever their plain distance (under dropout a masked marker
+    # can rank far down by plain distance: docs/design/dager-encoder.md).
     markers = sorted(set(knowledge.tokenizer.all_special_ids)) if dropout else []
     dropped: set[int] = set()
     unplaced = missed = 0  # over all positions: layer-1 tokens the rows put elsewhere, and
@@ -64,8 +61,8 @@ def token_candidates(
         if placed is None or position is None:
             return tokens
         # Only under dropout (without it the rows alone decide: ``_placed_only``). The robust
-        # check approximates where the rows are exact (MiniLM, Rotten Tomatoes B=4 under
-        # dropout 0.1, third batch: at position 7 it passed none of the four placed there):
+        # check approximates where the rows are exact (it can pass none of the tokens placed
+        # at a position: docs/design/dager-encoder.md):
         # the placed ones stay, and the check picks among the open ones (a [SEP] left open
         # may sit at any open position; it passes the check only where a sentence ends, and
         # the joint fill needs the lengths).
@@ -92,8 +89,8 @@ def token_candidates(
         tokens = passing(inputs, position)
         if position == 0 and dropout and opener is not None and opener not in tokens:
             # Every sentence opens with it: B masked copies of one input, and with several
-            # copies in the span the fit can settle on a mixture of them (MiniLM, CoLA B=4
-            # under dropout 0.3: [CLS] failed at position 0, and with it the whole batch).
+            # copies in the span the fit can settle on a mixture of them and fail it, and with
+            # it the whole batch (docs/design/dager-encoder.md).
             tokens.append(opener)
         if not tokens:
             break
@@ -113,11 +110,10 @@ def token_candidates(
 def _placed_only(placed: Placement, limit: int, state: SearchState) -> list[list[int]]:
     """Per position, the tokens the embedding rows allow there, without layer 1's check.
 
-    Without dropout the rows are exact and the plain check's cut can miss a true token
-    (Rotten Tomatoes B=4, tenth batch: a repeated "'" at position 10, left open by the rows),
-    so the rows' tokens all stay whatever layer 1 says; its pass over the vocabulary at every
-    position would only have been counted for the record (8 of 23 s of MiniLM's attack on
-    two Rotten Tomatoes B=4 batches)."""
+    Without dropout the rows are exact and the plain check's cut can miss a true token, so
+    the rows' tokens all stay whatever layer 1 says; its pass over the vocabulary at every
+    position would only have been counted for the record, at about a third of the attack's time
+    (docs/design/dager-encoder.md)."""
     per_position = []
     for position in range(limit):
         tokens = sorted(placed.allowed(position))

@@ -35,10 +35,10 @@ from gradleak.data import chunk_examples, load_examples
 from gradleak.data.specs import DATASETS
 from gradleak.defenses import build_defenses
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
-from gradleak.progress import progress_bar
+from gradleak.runtime.progress import progress_bar
 
 # The first layer holds k x 600 weights: beyond this many bytes, hash to fewer bins.
 MAX_FIRST_LAYER_BYTES = 4 * 2**30
@@ -85,7 +85,7 @@ class LtiAttack(Attack[LtiSettings]):
 
     # --- whether it applies ---------------------------------------------------------------
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> LtiPlan:
+    def check(self, update: UpdatePayload, knowledge: ServerKnowledge) -> LtiPlan:
         if update.kind != "gradient":
             raise GradleakError(
                 f"{self.name} learns to invert FedSGD gradients (Wu et al.'s setting); a FedAvg "
@@ -111,7 +111,7 @@ class LtiAttack(Attack[LtiSettings]):
     # --- the attack ---------------------------------------------------------------------------
 
     def run(
-        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+        self, update: UpdatePayload, knowledge: ServerKnowledge, plan: Plan, seed: int
     ) -> Reconstruction:
         assert isinstance(plan, LtiPlan)
         started = time.perf_counter()
@@ -132,7 +132,7 @@ class LtiAttack(Attack[LtiSettings]):
 
     def _inverter(
         self,
-        update: ClientUpdate,
+        update: UpdatePayload,
         knowledge: ServerKnowledge,
         plan: LtiPlan,
         hasher: FeatureHasher,
@@ -325,7 +325,7 @@ class LtiAttack(Attack[LtiSettings]):
         }  # fmt: skip
 
 
-def feature_keys(update: ClientUpdate, knowledge: ServerKnowledge) -> list[str]:
+def feature_keys(update: UpdatePayload, knowledge: ServerKnowledge) -> list[str]:
     """The update's tensors the inversion model reads, in the update's order: all of them but
     a token embedding tied to the output layer (Wu et al. leave the embedding out)."""
     gm = knowledge.global_model

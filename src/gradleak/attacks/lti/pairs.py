@@ -12,9 +12,8 @@ defenses the client applies, so the inversion model learns to invert defended up
 Many batches go through at once: ``torch.func.vmap`` over ``grad`` gives one gradient per
 batch from one vectorized pass, and each chunk is defended and hashed before the next is
 computed, so no set of full gradients larger than a chunk is ever held. A chunk holds at most
-``CHUNK_COORDINATES`` gradient coordinates (1 GiB of float32): 64 updates of Wu et al.'s
-victim (1.1M coordinates each) go through at once, MiniLM's (22.7M) eleven at a time. Without
-the bound, 64 held-out MiniLM updates under pruning took 22 GB at once and were killed.
+``CHUNK_COORDINATES`` gradient coordinates (1 GiB of float32); why the bound is needed: see
+docs/design/lti.md.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from torch.func import functional_call, grad, vmap
 from gradleak.attacks.lti.hashing import FeatureHasher
 from gradleak.defenses import Defense, build_defenses
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate, GlobalModel, client_mode, update_metadata
+from gradleak.federated.client import GlobalModel, client_mode, update_metadata
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import task_loss
 
@@ -112,7 +112,7 @@ class UpdateSampler:
         """Each batch's update through the public defenses, as the client applies them."""
         if not self.defenses:
             return tensors
-        rows = ClientUpdate(
+        rows = UpdatePayload(
             kind="gradient",
             tensors={s.key: t for s, t in zip(self.specs, tensors, strict=True)},
             metadata=update_metadata(self.global_model, self.knowledge.batch_size),
@@ -154,7 +154,7 @@ def require_modelled(defenses: Sequence[Defense], attack: str = "lti") -> None:
 
 
 def update_features(
-    update: ClientUpdate, keys: Sequence[str], hasher: FeatureHasher
+    update: UpdatePayload, keys: Sequence[str], hasher: FeatureHasher
 ) -> torch.Tensor:
     """The features of a received update: its ``keys`` tensors in order, hashed (``[k]``)."""
     missing = [key for key in keys if key not in update.tensors]

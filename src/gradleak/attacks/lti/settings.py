@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from gradleak.attacks.base import AttackSettings
+from gradleak.attacks.settings import AttackSettings
 
 
 class LtiSettings(AttackSettings):

@@ -83,8 +83,8 @@ def train_inverter(
     rows = free_counts(template)
     held_contents, held_labels = draw(budget.held_out, generator, held_out=True)
     held_features = _features(sampler, template, held_contents, held_labels, generator)
-    # fused: one pass over the weights per step (measured on lti-lm's 79M-weight model, one
-    # CPU thread: 0.08 s a step against 0.5 s for the default multi-tensor Adam)
+    # fused: one pass over the weights per step, several times faster than the default
+    # multi-tensor Adam on a CPU (docs/design/lti.md)
     optimizer = torch.optim.Adam(model.parameters(), lr=budget.lr, fused=True)
     if snapshot is not None and snapshot.is_file():
         job = _restore(snapshot, model, optimizer, generator)  # its standardization included

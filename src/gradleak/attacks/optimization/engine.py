@@ -31,11 +31,17 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gradleak import devices
-from gradleak.attacks.adaptive import adaptation_for, adapted_distance
+from gradleak.attacks.adaptive import adaptation_for
 from gradleak.attacks.base import Attack, AttackFailed, Plan, Reconstruction, StackItem
-from gradleak.attacks.objective import GradientMatcher, matchable_specs
+from gradleak.attacks.optimization.discrete.prior import (
+    CausalLMPrior,
+    LanguagePrior,
+    load_prior_model,
+)
 from gradleak.attacks.optimization.labels import check_optimization_applies, label_assignments
+from gradleak.attacks.optimization.matching.adapted import adapted_distance
+from gradleak.attacks.optimization.matching.objective import GradientMatcher, matchable_specs
+from gradleak.attacks.optimization.matching.simulation import LocalTraining
 from gradleak.attacks.optimization.phases import discrete_round, start_embeddings
 from gradleak.attacks.optimization.problem import Outcome, Problem
 from gradleak.attacks.optimization.settings import (
@@ -48,13 +54,12 @@ from gradleak.attacks.optimization.workspace import (
     Workspace,
     allowed_token_mask,
 )
-from gradleak.attacks.prior import CausalLMPrior, LanguagePrior, load_prior_model
-from gradleak.attacks.simulation import LocalTraining
 from gradleak.errors import GradleakError
-from gradleak.federated.client import ClientUpdate
+from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.federated.sharing import shared_tensor_specs
 from gradleak.models.tasks import unwrap
+from gradleak.runtime import devices
 
 # Memory for one batched scoring call: per-candidate gradients are materialized.
 SCORE_MEMORY_BYTES = 2**30
@@ -80,7 +85,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         super().__init__(settings)
         self._prior_model = prior_model
 
-    def _match_keys(self, update: ClientUpdate, knowledge: ServerKnowledge) -> list[str] | None:
+    def _match_keys(self, update: UpdatePayload, knowledge: ServerKnowledge) -> list[str] | None:
         if self.settings.match == "all":
             return None
         gm = knowledge.global_model
@@ -104,7 +109,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         model.to(knowledge.global_model.device)  # the prior scores where the attack runs
         return CausalLMPrior(self.settings.prior, model, tokenizer, knowledge.tokenizer)
 
-    def check(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Plan:
+    def check(self, update: UpdatePayload, knowledge: ServerKnowledge) -> Plan:
         """Scenario errors (unknown lengths or labels, a FedSGD update to simulate, a --match
         outside the update) raise ``GradleakError``: they hold for every input."""
         check_optimization_applies(knowledge, self.name, self.settings.label_search)
@@ -126,7 +131,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
             )
         return Plan()
 
-    def workspace(self, update: ClientUpdate, knowledge: ServerKnowledge) -> Workspace:
+    def workspace(self, update: UpdatePayload, knowledge: ServerKnowledge) -> Workspace:
         """The attacker's model copy, matcher and vocabulary for one update."""
         s = self.settings
         # A public sign or prune defense changes the loss (see adaptive.py).
@@ -155,7 +160,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
         )
 
     def run(
-        self, update: ClientUpdate, knowledge: ServerKnowledge, plan: Plan, seed: int
+        self, update: UpdatePayload, knowledge: ServerKnowledge, plan: Plan, seed: int
     ) -> Reconstruction:
         s = self.settings
         prior = self.prior_for(knowledge)  # before seeding: loading a model reseeds torch
@@ -213,7 +218,7 @@ class OptimizationAttack(Attack[OptimizationSettings]):
                 results[i] = reconstruction
         return results
 
-    def _problem(self, update: ClientUpdate, knowledge: ServerKnowledge, seed: int) -> Problem:
+    def _problem(self, update: UpdatePayload, knowledge: ServerKnowledge, seed: int) -> Problem:
         """One update's workspace, label assignments and random stream."""
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout masks when the attacker works in train mode
@@ -224,11 +229,10 @@ class OptimizationAttack(Attack[OptimizationSettings]):
     def _stack_limit(self, problem: Problem) -> int:
         """The most updates one stacked pass takes. A distance on every entry of the gradients
         (TAG and LAMP_L2+L1, whose L1 term has no statistics form) walks each input's ten
-        million entries whatever the stack (streamed, :mod:`gradleak.attacks.streamed`), so
-        its gain is the shared forward and backward alone and fades as the stack grows
-        (benchmarks/MEASURED.md: a streamed TAG step an input about the same at 8 and 16).
-        That walk bounds a CPU; on a GPU a TAG step grew by half from 1 to 32 stacked updates
-        (one H200, MEASURED), so there the stack is not limited."""
+        million entries whatever the stack (streamed,
+        :mod:`gradleak.attacks.optimization.ghost.streamed`), so its gain is the shared forward and
+        backward alone and fades as the stack grows. That walk bounds a CPU, not a GPU, where the
+        stack is not limited (docs/design/optimization-speed.md)."""
         on_cpu = problem.ws.embedding.device.type == "cpu"
         if on_cpu and problem.ws.matcher.distance.from_statistics is None:
             return MATERIALIZED_STACK_LIMIT

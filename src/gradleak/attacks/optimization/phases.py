@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from gradleak import devices
-from gradleak.attacks import initialization as init
-from gradleak.attacks.discrete import candidate_permutations, transform_of
+from gradleak.attacks.optimization import initialization as init
+from gradleak.attacks.optimization.discrete.moves import candidate_permutations, transform_of
+from gradleak.attacks.optimization.discrete.prior import LanguagePrior
 from gradleak.attacks.optimization.settings import OptimizationSettings
 from gradleak.attacks.optimization.workspace import DummyBatch, Workspace
-from gradleak.attacks.prior import LanguagePrior
+from gradleak.runtime import devices
 
 
 def start_embeddings(
@@ -130,9 +130,8 @@ def scores_that_can_win(
     backward pass of the victim) is not computed. Candidates are scored ``group`` at a time in
     ascending order of prior term, the ``current`` order first, so the bound tightens early.
     The lowest total and its candidate are those of scoring every candidate, LAMP's rule: every
-    candidate left out scores above it. On CoLA's first input the prior terms of a round's
-    reorderings spread by tenths and the matching losses by hundredths: 82-95% can be left out
-    (benchmarks/MEASURED.md).
+    candidate left out scores above it. The prior terms spread far wider than the matching
+    losses, so most candidates are left out (docs/design/optimization-speed.md).
     """
     order = [current] + [
         c for c in torch.argsort(prior_terms, stable=True).tolist() if c != current

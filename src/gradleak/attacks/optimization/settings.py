@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from gradleak.attacks.base import AttackSettings
+from gradleak.attacks.settings import AttackSettings
 
 NO_PRIOR = "none"
 _FIXED = {"cli": False}  # set by the attack's identity, not a user option

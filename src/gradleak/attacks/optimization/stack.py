@@ -10,7 +10,8 @@ Why each problem's result is its one-by-one result, up to floating-point summati
 * rows of a transformer batch do not interact (no batch statistics), and the padding of a
   shorter problem to the stack's width is masked out of attention (its weight is exactly zero)
   and feeds no loss, so its output gradient is zero and it adds nothing to any statistic;
-* the ghost statistics (:mod:`gradleak.attacks.ghost`), or for a distance without a statistics
+* the ghost statistics (:mod:`gradleak.attacks.optimization.ghost.statistics`), or for a distance
+without a statistics
   form (TAG's L2 + L1) the gradients formed from the same captures, are
   computed per group, a group being one problem's rows, against that problem's own target;
 * the stacked loss is the sum of the problems' losses, whose gradient in one problem's
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradleak.attacks.ghost import GhostStatistics
+from gradleak.attacks.optimization.ghost.statistics import GhostStatistics
 from gradleak.attacks.optimization.workspace import Workspace, project_to_tokens
 
 

@@ -10,8 +10,7 @@ from functools import cached_property
 
 import torch
 
-from gradleak.attacks import row_scoring
-from gradleak.attacks.objective import GradientMatcher
+from gradleak.attacks.optimization.matching.objective import GradientMatcher
 
 _UNUSED = re.compile(r"^\[unused\d+\]$")
 
@@ -99,15 +98,15 @@ class Workspace:
         """Scores candidates for one row of the batch: a function of ``[C, L, d]`` free
         embeddings of row ``row`` (the other rows as in ``free``, ``[B, L, d]``) to their
         matching losses, ``[C]``. Where the matcher keeps rows apart the other rows run once
-        here (:mod:`gradleak.attacks.row_scoring`); otherwise each candidate is scored as
-        the whole batch."""
+        here (:mod:`gradleak.attacks.optimization.matching.row_scoring`); otherwise each candidate
+        is scored as the whole batch."""
         if self.chunk > 0 and self.matcher.rows_apart:  # (it reads no token ids)
             embeds = torch.where(self.free_mask, free, self.fixed)
-            shared = row_scoring.shared_rows(self.matcher, embeds, row)
+            shared = self.matcher.shared_rows(embeds, row)
 
             def apart(rows: torch.Tensor) -> torch.Tensor:
                 own = torch.where(self.free_mask[row], rows, self.fixed[row])
-                return row_scoring.losses_beside(self.matcher, shared, row, own, self.chunk)
+                return self.matcher.losses_beside(shared, row, own, self.chunk)
 
             return apart
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gradleak.data.demo import demo_examples
+from gradleak.data.builtin import demo_examples
 from gradleak.data.examples import Example
 from gradleak.data.formats.glue import glue_from_hub, read_cola_tsv, read_glue_tsv
 from gradleak.data.formats.polarity import polarity_from_hub, read_polarity

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from flwr.app import ArrayRecord
 
+from gradleak.api.update import trainable_part
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
-from gradleak.update import trainable_part
 
 
 def trainable(global_model: GlobalModel) -> dict[str, torch.nn.Parameter]:
@@ -40,7 +40,7 @@ def trainable_tensors(
     global_model: GlobalModel, record: ArrayRecord, what: str = "the round's arrays"
 ) -> dict[str, torch.Tensor]:
     """``record``'s tensors of the model's trainable parameters, checked as
-    :func:`~gradleak.update.trainable_part` checks a state dict (an app sending
+    :func:`~gradleak.api.update.trainable_part` checks a state dict (an app sending
     ``model.state_dict()`` sends frozen weights and buffers too: they are left out)."""
     return trainable_part(global_model.model, tensors_of(record), what)
 

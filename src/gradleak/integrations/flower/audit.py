@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from gradleak.api import Reconstruction, attack_update
+from gradleak.api.update import Update
 from gradleak.attacks import ATTACKS, Attack, AttackSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
@@ -32,16 +33,15 @@ from gradleak.integrations.flower.arrays import (
     require_whole_model,
     trainable_tensors,
 )
-from gradleak.models.registry import load_victim
-from gradleak.recipe import ATTACK_STREAM, derived_seed
-from gradleak.update import Update
+from gradleak.models.loading import load_victim
+from gradleak.running.recipe import ATTACK_STREAM, derived_seed
 
 # The reply's record with the batch facts a client declares (lengths, labels): LAMP and TAG's
 # threat model grants them; a real client sends none unless told to.
 FACTS_KEY = "batch-facts"
 
-# Where the audit sits, and what a curious server running it sees (tests/test_flower.py runs
-# each row).
+# Where the audit sits, and what a curious server running it sees (tests/integration/test_flower.py
+# runs each row).
 WHAT_THE_AUDIT_SEES = {
     "Audit(FedAvg)": "each client's update as sent",
     "Audit(FedAvg), clients with LocalDpMod": "each update clipped and noised by its client",

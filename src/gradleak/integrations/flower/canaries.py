@@ -14,8 +14,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from gradleak import metrics
 from gradleak.data import Example
+from gradleak.evaluation import metrics
 from gradleak.integrations.flower.setup import Canary
 
 

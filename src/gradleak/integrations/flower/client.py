@@ -19,17 +19,17 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from gradleak.data import Example
+from gradleak.defenses.round import defended_update
 from gradleak.federated.client import GlobalModel
-from gradleak.federated.round import client_update
-from gradleak.global_state import kept_global_state
 from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable
 from gradleak.integrations.flower.audit import FACTS_KEY
 from gradleak.integrations.flower.canaries import planted
 from gradleak.integrations.flower.ledger import Ledger
 from gradleak.integrations.flower.setup import FederationSetup
-from gradleak.models.registry import load_victim
+from gradleak.models.loading import load_victim
 from gradleak.models.tasks import EncodedBatch
-from gradleak.recipe import CLIENT_STREAM, DEFENSE_STREAM, derived_seed
+from gradleak.running.recipe import CLIENT_STREAM, DEFENSE_STREAM, derived_seed
+from gradleak.runtime.state import kept_global_state
 
 
 def build_global_model(setup: FederationSetup) -> GlobalModel:
@@ -89,7 +89,7 @@ class FederatedClient:
                 derived_seed(setup.seed, index, CLIENT_STREAM),
                 derived_seed(setup.seed, index, DEFENSE_STREAM),
             )
-            update = client_update(global_model, batch, (), seeds)
+            update = defended_update(global_model, batch, (), seeds)
             if update.kind == "gradient":
                 sent = update.tensors
             else:  # the weights after local training: the sent ones plus the round's delta

@@ -33,10 +33,9 @@ from flwr.serverapp.strategy import (
 from flwr.simulation import run_simulation
 
 from gradleak.data.sources import load_examples
-from gradleak.distributed import connect
 from gradleak.errors import GradleakError, last_line
+from gradleak.evaluation.utility import evaluate_model
 from gradleak.federated.client import GlobalModel
-from gradleak.global_state import kept_global_state
 from gradleak.integrations.flower.arrays import load_arrays, model_arrays
 from gradleak.integrations.flower.audit import (
     AuditEntry,
@@ -53,7 +52,8 @@ from gradleak.integrations.flower.scoring import CanaryScorer, SimulationScorer
 from gradleak.integrations.flower.setup import FederationSetup, setup_of
 from gradleak.integrations.flower.store import FederationStore
 from gradleak.reports.federation import round_summary
-from gradleak.utility import evaluate_model
+from gradleak.running.distributed import connect
+from gradleak.runtime.state import kept_global_state
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_federation(
     ``out/federation.sqlite`` (with the simulation's ledger beside it) when ``out`` is given.
 
     Flower's engine runs the clients on Ray: on the cluster at ``ray_address``, on a Ray
-    instance already running in this process (``gradleak.distributed``'s), or on a local one
+    instance already running in this process (``gradleak.running.distributed``'s), or on a local one
     it starts. Flower shuts Ray down when the simulation ends."""
     setup = setup_of(setup)
     if ray_address is not None:

@@ -3,8 +3,8 @@
 A real server has no private text to compare a reconstruction with. In a simulation gradleak's
 own clients write each round's batch here, keyed by (round, node), and the evaluator reads it
 after the attack has returned: the file never passes through the strategy, the messages or the
-attack (``tests/test_flower.py`` checks that with a spying attack). A SQLite file, so that
-clients in other processes (Flower's simulation runs them in Ray actors) can write to it.
+attack (``tests/integration/test_flower.py`` checks that with a spying attack). A SQLite file, so
+that clients in other processes (Flower's simulation runs them in Ray actors) can write to it.
 """
 
 from __future__ import annotations

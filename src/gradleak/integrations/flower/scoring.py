@@ -14,7 +14,7 @@ from gradleak.integrations.flower.audit import AuditEntry
 from gradleak.integrations.flower.canaries import canary_scores
 from gradleak.integrations.flower.ledger import Ledger
 from gradleak.integrations.flower.setup import Canary
-from gradleak.recipe import evaluate
+from gradleak.running.recipe import evaluate
 
 
 class SimulationScorer:

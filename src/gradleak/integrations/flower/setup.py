@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gradleak.attacks import ATTACKS
-from gradleak.attacks.base import AttackSettings
+from gradleak.attacks.settings import AttackSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.protocol import Protocol
 from gradleak.registry import first_error

@@ -8,11 +8,11 @@ import sqlite3
 import time
 from pathlib import Path
 
-from gradleak import __version__
-from gradleak.environment import machine, versions
 from gradleak.integrations.flower.audit import AuditEntry
 from gradleak.integrations.flower.setup import FederationSetup
 from gradleak.reports.federation import SCHEMA
+from gradleak.runtime.environment import machine, versions
+from gradleak.version import __version__
 
 
 class FederationStore:

@@ -1,0 +1,5 @@
+"""The ``gradleak`` command line (``gradleak.cli:app``)."""
+
+from gradleak.cli.main import app
+
+__all__ = ["app"]

@@ -1,0 +1,315 @@
+"""``gradleak run EXPERIMENT.yaml`` and ``gradleak export``: a declared grid of runs into one
+results database, and any cell of it back out as a single run's JSON record."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import TaskID
+from rich.table import Table
+
+from gradleak.cli.console import console, err_console, fail
+from gradleak.errors import GradleakError
+from gradleak.experiments.estimate import duration
+from gradleak.runtime.progress import bars
+
+if TYPE_CHECKING:  # the commands import what they run when they run it
+    from gradleak.experiments import ExperimentDatabase
+    from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
+    from gradleak.experiments.utility import UtilityProgress
+
+
+def run(
+    experiment: Annotated[Path, typer.Argument(help="the experiment file (YAML)")],
+    out: Annotated[
+        Path | None, typer.Option(help="results folder (default: runs/NAME); resumes there")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list the cells and their cost; run nothing")
+    ] = False,
+    workers: Annotated[int, typer.Option(help="inputs attacked at once, in processes")] = 1,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps")] = "cpu",
+    limit: Annotated[
+        int | None, typer.Option(help="run at most the first N inputs of each cell")
+    ] = None,
+    data_dir: Annotated[
+        str | None, typer.Option(help="data folder of cells that set none (else env)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    stack: Annotated[
+        str, typer.Option(help="inputs optimized together in one batched pass: N or auto")
+    ] = "1",
+    backend: Annotated[
+        str, typer.Option(help="what runs the workers: processes, or ray (Ray actors)")
+    ] = "processes",
+    ray_address: Annotated[
+        str | None, typer.Option(help="--backend ray: join the cluster at HOST:PORT")
+    ] = None,
+    only: Annotated[
+        str | None, typer.Option(help="run only the cells whose name contains this text")
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="KEY=VALUE: set an option in every cell over the file's value (its fixed "
+            "setting, axis or include rules), e.g. --set n_inputs=3; repeatable",
+        ),
+    ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help="then write every cell's finished inputs to the file's kept: folder (a "
+            "fresh checkout's run resumes from them)",
+        ),
+    ] = False,
+) -> None:
+    """Run a declared experiment: the grid of its fixed settings and axes, each finished
+    input kept in one SQLite database (re-running resumes). Cells it holds nothing of first
+    take in their inputs kept in the file's kept: folder, or the same run from another
+    results folder beside it."""
+    from gradleak.experiments import load_experiment, run_experiment
+    from gradleak.runtime.state import kept_global_state
+
+    try:
+        loaded = load_experiment(experiment, data_dir, overrides_of(sets or []))
+        if dry_run:
+            show_plan(loaded, out, only)
+            return
+        loaded.chosen(only)  # a name no cell has: said before anything starts
+        with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
+            result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
+                                    progress=progress, utility_progress=utility,
+                                    stack=stack, backend=backend, ray_address=ray_address,
+                                    only=only, keep=keep)  # fmt: skip
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    show_result(loaded, result)
+    if result.errors:
+        raise fail(f"{len(result.errors)} of {len(loaded.cells)} cells failed (see above)")
+
+
+def overrides_of(sets: list[str]) -> dict[str, object]:
+    """``--set KEY=VALUE`` options by key, each value read as YAML reads one (``3`` a
+    number, ``null`` not given, ``'noise:sigma=0.01'`` text)."""
+    import yaml
+
+    overrides: dict[str, object] = {}
+    for given in sets:
+        key, equals, text = given.partition("=")
+        if not equals or not key.strip():
+            raise GradleakError(f"--set {given}: give KEY=VALUE, e.g. --set n_inputs=3")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        overrides[key.strip()] = value
+    return overrides
+
+
+def show_plan(experiment: Experiment, out: Path | None, only: str | None = None) -> None:
+    """The cells, what the results folder holds of each (or would take in from the kept
+    folder or another experiment), and the rest's estimated cost."""
+    from gradleak.experiments import plan
+    from gradleak.experiments.utility import utility_key
+
+    folder = out or experiment.default_out()
+    planned = plan(experiment, folder, only)
+    shown = len(planned.cells)
+    count = f"{shown} of {len(experiment.cells)}" if shown < len(experiment.cells) else shown
+    table = Table(title=f"{experiment.name}: {count} cells -> {folder}")
+    table.add_column("cell", overflow="fold")
+    for column in ("attack", "model", "dataset", "B", "inputs done", "estimate"):
+        table.add_column(column, justify="right" if column in ("B", "inputs done") else "left")
+    for cell, status, estimate in planned.cells:
+        scenario = cell.config.scenario
+        done = 0 if status is None else status.done
+        cost = duration(estimate.seconds) + ("" if estimate.measured else " ~")
+        table.add_row(cell.name, cell.config.attack.name, scenario.model, scenario.data.dataset,
+                      str(scenario.data.batch_size), f"{done}/{scenario.data.n_inputs}",
+                      cost)  # fmt: skip
+    console.print(table)
+    dropped = sorted({f"{key} ({c.config.attack.name})" for c, _, _ in planned.cells
+                      for key in c.dropped})  # fmt: skip
+    if dropped:
+        console.print(f"not used by the attack of some cells: {', '.join(dropped)}")
+    console.print(
+        f"{planned.remaining_inputs} inputs to run, about {duration(planned.seconds)} on one "
+        "CPU core (~: the attack's measured cost on a 2-core CPU, scaled; without ~: this "
+        "cell's finished inputs). Nothing was run."
+    )
+    if experiment.kept is not None:
+        console.print(f"kept inputs: {experiment.kept} (taken in before anything runs)")
+    if experiment.utility is not None:
+        scenarios = {utility_key(c.config, experiment.utility) for c, _, _ in planned.cells}
+        console.print(f"then {len(scenarios)} utility fine-tuning(s), one per distinct scenario "
+                      "(not in the estimate; a stored one is not run again)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def grid_progress(name: str) -> Iterator[tuple[GridProgress, UtilityProgress]]:
+    """Bars on stderr: the grid's cells and its inputs (with the ETA), then the utility
+    fine-tunings when the experiment asks for them."""
+    with bars(err_console) as shown:
+        cells = shown.add_task(f"{name}: cells", total=None)
+        inputs = shown.add_task("inputs", total=None)
+        fine_tunings: list[TaskID] = []
+
+        def advance(index: int, count: int, done: int, total: int, cell: str) -> None:
+            shown.update(cells, completed=index, total=count)
+            shown.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
+
+        def utility(done: int, total: int, scenario: str) -> None:
+            if not fine_tunings:
+                fine_tunings.append(shown.add_task("utility", total=total))
+            shown.update(fine_tunings[0], completed=done, description=f"utility: {scenario}")
+
+        yield advance, utility
+
+
+def show_result(experiment: Experiment, result: ExperimentRun) -> None:
+    """Each cell's scores, or why it failed."""
+    table = Table(title=f"{experiment.name} -> {result.folder}")
+    table.add_column("cell", overflow="fold")
+    for column in ("inputs", "R-1", "R-2", "exact %", "s/input"):
+        table.add_column(column, justify="right")
+    for cell in experiment.cells:
+        if cell.name not in result.records and cell.name not in result.errors:
+            continue  # not chosen (--only)
+        if cell.name in result.errors:
+            table.add_row(cell.name, "", f"[red]{result.errors[cell.name]}[/]", "", "", "")
+            continue
+        record = result.records.get(cell.name)
+        if record is None:
+            table.add_row(cell.name, "part-way", "", "", "", "")
+            continue
+        strict = record.metrics.strict
+        seconds = record.timing.attack_s / max(1, len(record.samples))
+        scores = (
+            ("-", "-", "-")
+            if strict is None
+            else (f"{strict.rouge1:.1f}", f"{strict.rouge2:.1f}", f"{strict.exact_match:.1f}")
+        )
+        table.add_row(cell.name, str(len(record.samples)), *scores, f"{seconds:.1f}")
+    console.print(table)
+    sources = sorted({str(source.parent if source.is_file() else source)
+                      for source in result.adopted.values()})  # fmt: skip
+    if result.adopted:
+        console.print(f"took in {len(result.adopted)} cells' earlier inputs from "
+                      f"{', '.join(sources)}")  # fmt: skip
+    if result.kept:
+        console.print(f"kept {len(result.kept)} cells' finished inputs in {experiment.kept}")
+    for scenario, problem in result.utility_errors.items():
+        console.print(f"[red]utility of {scenario}: {problem}[/]")
+    console.print(
+        f"time: {duration(result.seconds)}; results in {result.folder / 'results.sqlite'}"
+    )
+
+
+def export(
+    results: Annotated[Path, typer.Argument(help="a results folder `gradleak run` wrote")],
+    cell: Annotated[
+        str | None, typer.Argument(help="the cell's name (omit: list the cells)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write the record here (else stdout)")] = None,
+) -> None:
+    """A cell's record as `gradleak attack --out` writes it, or the list of cells."""
+    from gradleak.experiments import ExperimentDatabase
+
+    try:
+        with ExperimentDatabase(results, create=False) as database:
+            if cell is None:
+                show_cells(database)
+                return
+            record = database.record(cell)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    if record is None:
+        raise fail(f"cell {cell} is part-way: run the experiment again to finish it")
+    text = json.dumps(record.to_json(), indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text, encoding="utf-8")
+    err_console.print(f"record written to {out}")
+
+
+def show_cells(database: ExperimentDatabase) -> None:
+    """The cells a results database holds and how far each got."""
+    table = Table(title=f"cells in {database.folder}")
+    table.add_column("cell", overflow="fold")
+    for column in ("inputs done", "failed", "finished"):
+        table.add_column(column)
+    for status in database.statuses():
+        finished = "yes" if status.finished else "no"
+        table.add_row(status.name, f"{status.done}/{status.wanted}", str(status.failed), finished)
+    console.print(table)
+
+
+def report(
+    results: Annotated[Path, typer.Argument(help="a results folder `gradleak run` wrote")],
+    out: Annotated[
+        Path | None, typer.Option(help="the report's file (default: RESULTS/report.html or .md)")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="html (one offline file) or md")] = "html",
+) -> None:
+    """A report of an experiment's results: the papers' layout with the published figures
+    beside ours, plots, every reconstruction with what it recovered, and the setup."""
+    from gradleak.reports import write_report
+
+    if fmt not in ("html", "md"):
+        raise fail(f"unknown report format {fmt!r}: use --format html or --format md")
+    try:
+        path = write_report(results, out, fmt)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"report written to {path}")
+
+
+def audit(
+    setup: Annotated[Path, typer.Argument(help="your setup (YAML: setup:, sample:, sensitive:)")],
+    budget: Annotated[
+        str, typer.Option(help="time for the whole audit: 600, 90s, 10m, 1h")
+    ] = "10m",
+    max_exact: Annotated[
+        float, typer.Option(help="accepted % of sentences recovered exactly")
+    ] = 0.0,
+    max_rouge2: Annotated[float, typer.Option(help="accepted ROUGE-2 (strict, percent)")] = 10.0,
+    attacks: Annotated[
+        str, typer.Option(help="attacks to try, comma-separated")
+    ] = "dager,lamp-cos,tag",
+    out: Annotated[
+        Path | None, typer.Option(help="results folder (default runs/audit-NAME)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Audit your own federated fine-tuning setup: the attacks that apply, what they recover,
+    and which changes bring the leakage under your thresholds. Writes audit.html and
+    report.html in the results folder."""
+    from gradleak.audit import Thresholds, run_audit
+    from gradleak.audit.show import parse_budget, print_audit, write_audit_html
+    from gradleak.reports import write_report
+    from gradleak.runtime.state import kept_global_state
+
+    try:
+        seconds = parse_budget(budget)
+    except ValueError as exc:
+        raise fail(f"--budget: {exc}") from None
+    chosen = [a.strip() for a in attacks.split(",") if a.strip()]
+    try:
+        with kept_global_state(threads), err_console.status("auditing") as status:
+            result = run_audit(setup, out, budget_s=seconds, attacks=chosen,
+                               thresholds=Thresholds(max_exact, max_rouge2),
+                               say=lambda message: status.update(message))  # fmt: skip
+        report = write_report(result.folder)
+        page = write_audit_html(result, result.folder / "audit.html")
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    print_audit(result, console)
+    console.print(f"wrote {page} and {report}")

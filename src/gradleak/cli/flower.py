@@ -1,0 +1,79 @@
+"""``gradleak flower SETUP.yaml``: a simulated Flower federation with a leakage audit, one
+line of utility and leakage per round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gradleak.cli.console import console, fail
+from gradleak.errors import GradleakError
+
+
+def flower(
+    setup: Annotated[Path, typer.Argument(help="the federation's setup file (YAML)")],
+    out: Annotated[
+        Path | None, typer.Option(help="results folder (federation.sqlite); default: none kept")
+    ] = None,
+    data_dir: Annotated[
+        str | None, typer.Option(help="data folder, if the setup names none (else env)")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="run the clients on the Ray cluster at HOST:PORT")
+    ] = None,
+) -> None:
+    """Simulate a Flower federation (the setup's model, data, clients, rounds, LoRA, DP) and
+    audit its updates with gradleak's attacks: per round, the global model's dev metrics and
+    what each attack recovered (exact %, ROUGE-2, canaries)."""
+    try:
+        from gradleak.integrations.flower import load_setup, run_federation
+
+        loaded = load_setup(setup)
+        if data_dir is not None and loaded.data.data_dir is None:
+            data = loaded.data.model_copy(update={"data_dir": data_dir})
+            loaded = loaded.model_copy(update={"data": data})
+        console.print(
+            f"Flower federation: {loaded.partition.clients} clients, {loaded.rounds} rounds, "
+            f"{loaded.protocol.algorithm}, {loaded.model} on {loaded.data.dataset}; audit: "
+            f"{', '.join(a.name for a in loaded.audit.attacks) or 'none'}",
+            highlight=False,
+        )
+        result = run_federation(loaded, out, on_round=_print_round, ray_address=ray_address)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"done in {result.seconds:.1f} s" + (f"; results in {out}" if out else ""))
+
+
+def _print_round(result: Any) -> None:
+    utility = ", ".join(f"{k} {v:.1f}" for k, v in result.utility.items()) or "not measured"
+    table = Table(
+        title=f"round {result.round}: {utility} ({result.seconds:.1f} s, of which audit "
+        f"{result.audit_seconds:.1f} s)",
+        title_justify="left",
+    )
+    columns = ("attack", "updates", "exact %", "ROUGE-1", "ROUGE-2", "canaries", "secrets", "s")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "attack" else "right")
+    for attack, line in result.leakage.items():
+        canaries = line.get("canaries")
+        table.add_row(
+            attack,
+            f"{line['updates']}" + (f" ({line['refused']} refused)" if line["refused"] else ""),
+            _number(line.get("exact_%")),
+            _number(line.get("rouge1")),
+            _number(line.get("rouge2")),
+            f"{canaries['exact']}/{canaries['of']}" if canaries else "-",
+            f"{len(canaries['secrets'])}/{canaries['secrets_total']}" if canaries else "-",
+            f"{line['seconds']:.1f}",
+        )
+    console.print(table)
+    refusals = {(e.attack, e.refusal) for e in result.entries if e.refusal}
+    for attack, reason in sorted(refusals):
+        console.print(f"  [dim]{attack} refused: {reason}[/]", highlight=False)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

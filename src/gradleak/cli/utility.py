@@ -1,0 +1,50 @@
+"""``gradleak utility``: what a scenario's protocol and defenses cost the model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+
+from gradleak.cli.console import console, fail
+from gradleak.cli.parameters import utility_command_parameters
+from gradleak.config.options import utility_from_options
+from gradleak.errors import GradleakError
+from gradleak.runtime.progress import progress_bar
+from gradleak.scenario.checks import check_scenario
+
+
+def utility(**options: Any) -> None:
+    """What the scenario's protocol and defenses cost the model: federated fine-tuning with
+    the same clients, then dev-split accuracy, F1 and MCC (classification) or perplexity."""
+    threads, out = options.pop("threads"), options.pop("out")
+    device = options.pop("device") or "cpu"
+    try:
+        config, settings = utility_from_options(options)
+        check_scenario(config)  # bad input answers before torch loads
+        from gradleak.evaluation.utility import measure_utility, utility_record
+        from gradleak.runtime.state import kept_global_state
+
+        with (
+            kept_global_state(threads),
+            progress_bar("fine-tuning rounds", settings.rounds) as advance,
+        ):
+            result = measure_utility(config, settings, advance, device)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    table = Table(title=f"utility of {config.scenario.model} on {config.scenario.data.dataset}")
+    table.add_column("round", justify="right")
+    for name in result.metrics[0]:
+        table.add_column(name, justify="right")
+    for r, values in zip(result.rounds, result.metrics, strict=True):
+        table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
+    console.print(table)
+    console.print(f"time: {result.seconds:.1f} s")
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(utility_record(config, settings, result), handle, indent=2)
+        console.print(f"record written to {out}")
+
+
+utility_command_parameters(utility)

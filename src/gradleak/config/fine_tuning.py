@@ -1,0 +1,37 @@
+"""The settings of ``gradleak utility``'s federated fine-tuning, which measures what a
+protocol and its defenses cost the model (:mod:`gradleak.evaluation.utility` runs it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class UtilitySettings(BaseModel):
+    """The fine-tuning that measures utility (CPU-sized defaults: minutes on MiniLM)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int = Field(3, ge=1, description="federated rounds R")
+    clients: int = Field(4, ge=1, description="clients per round K")
+    samples: int = Field(8, ge=1, description="private examples per client n_k")
+    eval_dataset: str | None = Field(
+        None, description="dev data: a dataset or file:PATH (default: the scenario's dataset)"
+    )
+    eval_split: str = Field(
+        "validation", description="the scenario dataset's split scored as dev data"
+    )
+    eval_examples: int = Field(256, ge=1, description="dev examples scored")
+    server_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="the server's optimizer of the mean update: sgd | adam (FedAdam)"
+    )
+    server_lr: float | None = Field(
+        None,
+        gt=0,
+        description="server learning rate (default: 1 on FedAvg deltas, the protocol's lr on "
+        "FedSGD gradients; Adam: 1e-3)",
+    )
+    eval_every: int = Field(
+        1, ge=1, description="score the dev data every N rounds (and after the last)"
+    )

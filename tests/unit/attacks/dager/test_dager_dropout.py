@@ -1,0 +1,111 @@
+"""DAGER against a train-mode client: the robust (L1) span check survives input dropout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gradleak
+from gradleak.attacks.dager import DagerSettings, span_basis
+from gradleak.attacks.dager.check import LayerCheck, SpanCheck
+from gradleak.attacks.dager.tokens import _passing
+from gradleak.data import Example
+from gradleak.federated.protocol import Protocol
+from tests.helpers import dager_attack
+
+SENTENCE = [Example("the cat sat on the mat", label=1)]
+
+
+def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
+    torch.manual_seed(0)
+    inputs = torch.randn(6, 64)
+    keep = torch.rand(6, 64) > 0.1  # the client's dropout mask, unknown to the attacker
+    seen = inputs * keep / 0.9
+    gradient = torch.randn(6, 96).T @ seen
+    basis = span_basis([gradient], hidden_size=64)
+    assert basis.rank == 6
+    assert basis.distance(inputs).min() > 0.1  # the plain check no longer accepts them
+    true_share = basis.inlier_fraction(inputs)
+    assert torch.allclose(true_share, keep.double().mean(dim=1))
+    assert basis.inlier_fraction(torch.randn(200, 64)).max() <= 6 / 64 + 1e-9
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2"])
+def test_train_mode_client_with_dropout_is_recovered_by_the_robust_check(tiny_victim, name):
+    victim = tiny_victim(name)
+    assert victim.adapter.dropout_rate(victim.model) > 0
+    spans = DagerSettings(embedding_rows=False)  # the span checks alone
+    robust, result = dager_attack(victim, Protocol(mode="train"), SENTENCE, spans)
+    assert robust == ["the cat sat on the mat"]
+    assert any("robust" in note for note in result.info["notes"])
+    plain, _ = dager_attack(
+        victim,
+        Protocol(mode="train"),
+        SENTENCE,
+        DagerSettings(embedding_rows=False, dropout_check="plain"),
+    )
+    assert plain != ["the cat sat on the mat"]  # the plain span check loses the masked inputs
+
+
+def test_eval_mode_client_keeps_the_plain_check(tiny_victim):
+    """Without dropout the plain span check runs; where the embedding rows place the tokens
+    (an encoder's gradient) they decide alone and layer 1's pass is skipped."""
+    victim = tiny_victim("tiny-bert")
+    spans = DagerSettings(embedding_rows=False)
+    decoded, result = dager_attack(victim, Protocol(mode="eval"), SENTENCE, spans)
+    assert decoded == ["the cat sat on the mat"]
+    assert not any("robust" in note for note in result.info["notes"])
+    assert any(note.startswith("layer-1 tokens per position") for note in result.info["notes"])
+    decoded, result = dager_attack(victim, Protocol(mode="eval"), SENTENCE)
+    assert decoded == ["the cat sat on the mat"]
+    assert any("check not needed" in note for note in result.info["notes"])
+    assert not any(note.startswith("layer-1 tokens") for note in result.info["notes"])
+
+
+def test_robust_check_refits_the_tokenizer_markers_however_far_their_plain_distance():
+    """A masked input whose dropped coordinate was its largest: the plain distance ranks it
+    behind every random row, yet 63 of its 64 coordinates fit. A marker ([CLS] at position
+    0) is refitted anyway; an ordinary token that far is not."""
+    torch.manual_seed(0)
+    inputs = torch.randn(6, 64)
+    inputs[0, 0] = 60.0  # the marker's outlying coordinate, which the client's mask drops
+    seen = inputs.clone()
+    seen[0, 0] = 0.0
+    check = LayerCheck([SpanCheck(span_basis([torch.randn(6, 96).T @ seen], hidden_size=64))])
+    vocabulary = torch.cat([inputs[:1], torch.randn(300, 64)])  # the marker is row 0
+    settings = DagerSettings(shortlist=8)
+    assert 0 not in _passing(vocabulary, check, settings, dropout=0.1)
+    assert 0 in _passing(vocabulary, check, settings, dropout=0.1, markers=[0])
+    assert _passing(vocabulary, check, settings, dropout=0.1, markers=[0]) == [0]
+
+
+def test_train_mode_batch_of_two_is_recovered_through_dropout(tiny_victim):
+    """Dropout leaves layer 2 a ranking, not a test. Searched one length at a time, the long
+    sentence took two of the short one's tokens at its positions 2 and 3, which its
+    dropout-noised distances ranked first; filled jointly, each position's tokens go to one
+    sentence each, and both come back word for word."""
+    examples = [Example("the cat sat on the mat", label=1), Example("a dog ran home", label=0)]
+    decoded, result = dager_attack(tiny_victim("tiny-bert"), Protocol(mode="train"), examples)
+    assert sorted(decoded) == ["a dog ran home", "the cat sat on the mat"]
+    assert any("robust" in note for note in result.info["notes"])
+    assert any(note.startswith("joint fill of lengths [6, 8]") for note in result.info["notes"])
+
+
+@pytest.mark.slow
+def test_minilm_batch_of_four_under_dropout_is_recovered_exactly():
+    """CoLA's third batch of four (LAMP's order) from MiniLM's real train mode (dropout 0.1),
+    lengths unknown: two 9-token sentences end at one position, and a 14-token one shares
+    their first word. Searched one length at a time the batch came back 1 of 4; filled
+    jointly without the exchange of beginnings, 1 of 4 (the long sentences swap heads at
+    "struck during the early"); with it, 4 of 4."""
+    texts = [
+        "john tries to meet not mary.",
+        "the unidentified victim was apparently struck during the early morning hours.",
+        "the logs piled the barge high.",
+        "during the early evening, saturn can be found in the north, while jupiter rises in "
+        "the east.",
+    ]
+    model, tokenizer = gradleak.load_model("minilm")
+    update = gradleak.client_update(model, tokenizer, texts, [1, 1, 1, 1], mode="train")
+    result = gradleak.invert(update, model, tokenizer, "dager", known_lengths=False)
+    assert sorted(result.texts) == sorted(texts)
