@@ -18,7 +18,7 @@ from gradleak.data import sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.sharing import shared_tensor_specs
-from gradleak.models.registry import load_victim, model_status
+from gradleak.models.loading import load_victim, model_status
 
 LEARNING_RATES = (1e-5, 1e-4, 1e-3, 1e-2)
 EPOCHS = 2

@@ -15,7 +15,7 @@ from gradleak.data import sample_batches
 from gradleak.defenses import DpSgd, DpSgdSettings
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
-from gradleak.models.registry import load_victim, model_status
+from gradleak.models.loading import load_victim, model_status
 from gradleak.models.tasks import encode_examples
 
 MODEL, BATCH_SIZE, SEED = "minilm", 8, 0

@@ -20,7 +20,7 @@ from gradleak.data import Example
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import server_knowledge
-from gradleak.models.registry import load_victim
+from gradleak.models.loading import load_victim
 
 BATCH, LENGTH, REPEATS = 64, 16, 5
 

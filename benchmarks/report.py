@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.data import Example, load_examples
-from gradleak.environment import machine, versions
 from gradleak.errors import GradleakError
+from gradleak.runtime.environment import machine, versions
 
 
 def write_results(

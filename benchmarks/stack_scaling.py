@@ -21,9 +21,9 @@ from report import write_results
 from transformers import AutoConfig, AutoModel
 
 from gradleak.attacks.optimization.stack import StackedObjective
+from gradleak.config.options import config_from_options
 from gradleak.models.sources import minilm_source
-from gradleak.options import config_from_options
-from gradleak.recipe import client_round, prepare
+from gradleak.running.recipe import client_round, prepare
 
 PLAN = {"lamp-cos": (1, 8, 32, 128), "tag": (1, 8, 32)}
 

@@ -14,9 +14,9 @@ import torch
 from report import write_results
 
 from gradleak.attacks.optimization.stack import StackedObjective
-from gradleak.options import config_from_options
-from gradleak.recipe import client_round, prepare
-from gradleak.runner import input_tokens
+from gradleak.config.options import config_from_options
+from gradleak.running.recipe import client_round, prepare
+from gradleak.running.runner import input_tokens
 
 ATTACKS = ("lamp-cos", "tag", "dlg")
 SIZES = (1, 4, 8, 16)

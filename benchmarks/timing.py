@@ -15,19 +15,19 @@ import torch
 from report import write_results
 from stack_step import fastest_of
 
-from gradleak import runner
 from gradleak.attacks import make_attack
-from gradleak.attacks.ghost import SharedRows
-from gradleak.attacks.objective import DISTANCES, GradientMatcher
 from gradleak.attacks.optimization import DummyBatch, phases
-from gradleak.attacks.prior import CausalLMPrior
+from gradleak.attacks.optimization.discrete.prior import CausalLMPrior
+from gradleak.attacks.optimization.ghost.statistics import SharedRows
+from gradleak.attacks.optimization.matching.objective import DISTANCES, GradientMatcher
+from gradleak.config.options import config_from_options
 from gradleak.data import demo_examples, load_examples, sample_batches
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import server_knowledge
-from gradleak.models.registry import load_victim
+from gradleak.models.loading import load_victim
 from gradleak.models.tasks import encode_examples
-from gradleak.options import config_from_options
+from gradleak.running import runner
 
 
 def _scenario(model: str, examples):
@@ -143,9 +143,9 @@ def discrete_round(out_dir: Path, batches: int, data_dir: str | None, rounds: in
 def batch_round(out_dir: Path, batches: int, data_dir: str | None, rounds: int = 3) -> None:
     """LAMP_cos's discrete round (200 candidates a sentence, the prior included) on MiniLM,
     CoLA's first batch of B = 2, 4, 8: each sentence's candidates scored beside the batch's
-    other sentences run once (attacks/row_scoring.py) against each candidate scored as the
-    whole batch, alternating in one process, the same start and candidates. A third arm
-    scores rows apart with every tensor's statistics over the rows joined (the shared rows'
+    other sentences run once (attacks/optimization/matching/row_scoring.py) against each candidate
+    scored as the whole batch, alternating in one process, the same start and candidates. A third
+    arm scores rows apart with every tensor's statistics over the rows joined (the shared rows'
     block of the linear weights off: what rows apart did before it)."""
     started = time.perf_counter()
     examples = load_examples("cola", data_dir, None, None)

@@ -14,7 +14,7 @@ from report import cola_or_skip, write_results
 from gradleak.data import sample_batches
 from gradleak.federated.client import GlobalModel, client_mode, timed_update
 from gradleak.federated.protocol import Protocol
-from gradleak.models.registry import load_victim, model_status
+from gradleak.models.loading import load_victim, model_status
 from gradleak.models.tasks import EncodedBatch, encode_examples
 
 # (model, batch size): DAGER's decoder setting, and MiniLM at the same B and at LAMP's B=1.
