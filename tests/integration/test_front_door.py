@@ -95,6 +95,17 @@ def test_help_and_listings_import_nothing_heavy(args):
     assert done.stdout.strip()
 
 
+def test_planning_an_experiment_imports_nothing_heavy(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(
+        "name: grid\nfixed: {model: tiny-bert, dataset: demo, attack: dager, mode: eval}\n"
+        "axes: {batch_size: [1, 2]}\n"
+    )
+    result, done = _cli("run", str(path), "--dry-run", "--out", str(tmp_path / "run"))
+    assert result == {"code": 0, "heavy": []}, done.stdout + done.stderr
+    assert "Nothing was run" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -115,6 +126,10 @@ def test_help_and_listings_import_nothing_heavy(args):
         (["attacks", "no-such-attack"], "unknown attack 'no-such-attack'"),
         (["utility", "--rounds", "0"], "invalid --rounds"),
         (["report", "/no/such/results"], "/no/such/results"),
+        (["export", "/no/such/results"], "/no/such/results"),
+        (["run", "/no/such/experiment.yaml"], "experiment file /no/such/experiment.yaml"),
+        (["audit", "/no/such/setup.yaml"], "setup file /no/such/setup.yaml"),
+        (["flower", "/no/such/setup.yaml"], "setup file /no/such/setup.yaml"),
     ],
 )
 def test_a_bad_input_is_one_line_and_imports_nothing_heavy(args, says):

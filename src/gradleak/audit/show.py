@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from gradleak.audit.run import AttackOutcome, AuditResult
 from gradleak.experiments.estimate import duration
+
+if TYPE_CHECKING:
+    from gradleak.audit.run import AttackOutcome, AuditResult
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 

@@ -75,7 +75,6 @@ def run(
     take in their inputs kept in the file's kept: folder, or the same run from another
     results folder beside it."""
     from gradleak.experiments import load_experiment, run_experiment
-    from gradleak.runtime.state import kept_global_state
 
     try:
         loaded = load_experiment(experiment, data_dir, overrides_of(sets or []))
@@ -83,6 +82,8 @@ def run(
             show_plan(loaded, out, only)
             return
         loaded.chosen(only)  # a name no cell has: said before anything starts
+        from gradleak.runtime.state import kept_global_state  # (torch) once the file is read
+
         with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
             result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
                                     progress=progress, utility_progress=utility,
@@ -292,10 +293,8 @@ def audit(
     """Audit your own federated fine-tuning setup: the attacks that apply, what they recover,
     and which changes bring the leakage under your thresholds. Writes audit.html and
     report.html in the results folder."""
-    from gradleak.audit import Thresholds, run_audit
-    from gradleak.audit.show import parse_budget, print_audit, write_audit_html
-    from gradleak.reports import write_report
-    from gradleak.runtime.state import kept_global_state
+    from gradleak.audit.setup import read_setup
+    from gradleak.audit.show import parse_budget
 
     try:
         seconds = parse_budget(budget)
@@ -303,6 +302,12 @@ def audit(
         raise fail(f"--budget: {exc}") from None
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     try:
+        read_setup(setup)  # a bad setup file answers before torch loads
+        from gradleak.audit import Thresholds, run_audit
+        from gradleak.audit.show import print_audit, write_audit_html
+        from gradleak.reports import write_report
+        from gradleak.runtime.state import kept_global_state
+
         with kept_global_state(threads), err_console.status("auditing") as status:
             result = run_audit(setup, out, budget_s=seconds, attacks=chosen,
                                thresholds=Thresholds(max_exact, max_rouge2),

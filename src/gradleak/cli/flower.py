@@ -29,9 +29,11 @@ def flower(
     audit its updates with gradleak's attacks: per round, the global model's dev metrics and
     what each attack recovered (exact %, ROUGE-2, canaries)."""
     try:
-        from gradleak.integrations.flower import load_setup, run_federation
+        from gradleak.integrations.flower import load_setup
 
-        loaded = load_setup(setup)
+        loaded = load_setup(setup)  # a bad setup file answers before Flower and torch load
+        from gradleak.integrations.flower import run_federation
+
         if data_dir is not None and loaded.data.data_dir is None:
             data = loaded.data.model_copy(update={"data_dir": data_dir})
             loaded = loaded.model_copy(update={"data": data})

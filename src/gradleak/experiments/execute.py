@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.data.sources import dataset_status
 from gradleak.errors import GradleakError
@@ -27,10 +25,7 @@ from gradleak.experiments.spec import ExperimentFile, read_experiment, utility_o
 from gradleak.experiments.utility import UtilityProgress, measure_cells
 from gradleak.models.sources import HF_PREFIX
 from gradleak.models.specs import MODELS, model_status
-from gradleak.running import runner
-from gradleak.running.distributed import backend_session
 from gradleak.running.record import Record
-from gradleak.runtime.devices import resolve_device
 
 DEFAULT_RUNS = Path("runs")
 
@@ -192,7 +187,7 @@ def run_experiment(
     out: str | Path | None = None,
     *,
     workers: int = 1,
-    device: torch.device | str = "cpu",
+    device: str = "cpu",
     limit: int | None = None,
     data_dir: str | None = None,
     stack: int | str = 1,
@@ -251,6 +246,9 @@ def run_experiment(
             f"{experiment.file.path}: --keep needs a folder to keep the inputs in: add "
             "`kept: FOLDER` to the file"
         )
+    from gradleak.running.distributed import backend_session  # the run engine (torch)
+    from gradleak.runtime.devices import resolve_device
+
     folder = Path(out) if out is not None else experiment.default_out()
     device = str(resolve_device(device))
     result = ExperimentRun(folder)
@@ -296,6 +294,8 @@ def run_cells(
 ) -> None:
     """Run ``cells`` in order into ``database``, adding each one's record (or its error) to
     ``result``: the loop of :func:`run_experiment`, for callers that make their own cells."""
+    from gradleak.running import runner  # the run engine (torch): loaded when cells run
+
     wanted = [c.config.scenario.data.n_inputs for c in cells]
     total = sum(wanted if limit is None else [min(limit, n) for n in wanted])
     done_before = 0
@@ -326,7 +326,7 @@ def run_cells(
 
 def _cell_progress(
     progress: GridProgress | None, index: int, cells: int, before: int, total: int, cell: Cell
-) -> runner.Progress | None:
+) -> Callable[[int, int, dict[str, Any]], None] | None:
     """The runner's per-input callback, reporting the grid's progress."""
     if progress is None:
         return None

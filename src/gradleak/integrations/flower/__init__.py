@@ -12,34 +12,67 @@ Flower's telemetry and Ray's usage statistics are off unless the environment tur
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
-# Read by flwr and ray when they are imported: set before the imports below.
+# Read by flwr and ray when they are imported: set before any module below imports them.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # and no warning about it
 
-try:
-    import flwr  # noqa: F401
-except ImportError:  # pragma: no cover - exercised where the extra is absent
-    from gradleak.errors import MissingDependencyError
+from typing import TYPE_CHECKING, Any
 
-    raise MissingDependencyError(
-        "the Flower integration needs the flower extra: pip install 'gradleak[flower]' "
-        "(or make install-flower)"
-    ) from None
+from gradleak.errors import MissingDependencyError
+from gradleak.runtime.lazy import lazy_exports
 
-from gradleak.integrations.flower.audit import (  # noqa: E402
-    WHAT_THE_AUDIT_SEES,
-    AuditEntry,
-    AuditSample,
-    LeakageAudit,
-    ServerModel,
+if TYPE_CHECKING:
+    from gradleak.integrations.flower.audit import (
+        WHAT_THE_AUDIT_SEES,
+        AuditEntry,
+        AuditSample,
+        LeakageAudit,
+        ServerModel,
+    )
+    from gradleak.integrations.flower.client import client_app
+    from gradleak.integrations.flower.federation import FederationResult, run_federation
+    from gradleak.integrations.flower.fedsgd import FedSgd
+    from gradleak.integrations.flower.setup import FederationSetup, load_setup
+
+_AUDIT = "gradleak.integrations.flower.audit"
+_SETUP = "gradleak.integrations.flower.setup"
+_exported, __dir__ = lazy_exports(
+    globals(),
+    {
+        "WHAT_THE_AUDIT_SEES": _AUDIT,
+        "AuditEntry": _AUDIT,
+        "AuditSample": _AUDIT,
+        "LeakageAudit": _AUDIT,
+        "ServerModel": _AUDIT,
+        "client_app": "gradleak.integrations.flower.client",
+        "FederationResult": "gradleak.integrations.flower.federation",
+        "run_federation": "gradleak.integrations.flower.federation",
+        "FedSgd": "gradleak.integrations.flower.fedsgd",
+        "FederationSetup": _SETUP,
+        "load_setup": _SETUP,
+    },
 )
-from gradleak.integrations.flower.client import client_app  # noqa: E402
-from gradleak.integrations.flower.federation import FederationResult, run_federation  # noqa: E402
-from gradleak.integrations.flower.fedsgd import FedSgd  # noqa: E402
-from gradleak.integrations.flower.setup import FederationSetup, load_setup  # noqa: E402
+
+
+def __getattr__(name: str) -> Any:
+    """Each name on first use; a setup reads without Flower, the rest needs the extra."""
+    if name not in ("FederationSetup", "load_setup"):
+        require_flower()
+    return _exported(name)
+
+
+def require_flower() -> None:
+    """A one-line error where the flower extra is not installed."""
+    if importlib.util.find_spec("flwr") is None:
+        raise MissingDependencyError(
+            "the Flower integration needs the flower extra: pip install 'gradleak[flower]' "
+            "(or make install-flower)"
+        )
+
 
 __all__ = [
     "WHAT_THE_AUDIT_SEES",
@@ -52,5 +85,6 @@ __all__ = [
     "ServerModel",
     "client_app",
     "load_setup",
+    "require_flower",
     "run_federation",
 ]
