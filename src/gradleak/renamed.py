@@ -67,6 +67,21 @@ NAMES: dict[str, dict[str, tuple[str, str]]] = {
         "ClientUpdate": ("gradleak.federated.payload", "UpdatePayload"),
     },
     "gradleak.defenses.round": {"client_update": ("gradleak.defenses.round", "defended_update")},
+    "gradleak.attacks.adaptive": {
+        name: ("gradleak.attacks.optimization.matching.adapted", name)
+        for name in ("adapted_distance", "on_kept_coordinates", "sign_distance", "sign_violations")
+    },
+    "gradleak.models.adapters": {"ROLES": ("gradleak.models.roles", "ROLES")},
+    "gradleak.cli": {
+        "print_record": ("gradleak.cli.show", "print_record"),
+        "plugins_reported": ("gradleak.cli.attack", "plugins_reported"),
+        "regenerate_attack_options": ("gradleak.cli.attack", "regenerate_attack_options"),
+        "demo": ("gradleak.cli.main", "demo"),
+        **{
+            name: ("gradleak.cli.listings", name)
+            for name in ("attacks", "defenses", "models", "datasets")
+        },
+    },
 }
 
 

@@ -33,3 +33,9 @@ def adaptation_for(defenses: Sequence[Any]) -> str | None:
         elif name == "noise" and adaptation == KEPT_COORDINATES:
             adaptation = None
     return adaptation
+
+
+def __getattr__(name: str) -> object:
+    from gradleak.renamed import renamed_attribute
+
+    return renamed_attribute(__name__, name)

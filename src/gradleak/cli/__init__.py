@@ -3,3 +3,9 @@
 from gradleak.cli.main import app
 
 __all__ = ["app"]
+
+
+def __getattr__(name: str) -> object:
+    from gradleak.renamed import renamed_attribute
+
+    return renamed_attribute(__name__, name)

@@ -405,3 +405,9 @@ def adapter_for(model_type: str) -> ModelAdapter | None:
     """The adapter for a Hugging Face ``config.model_type``, or None if unsupported."""
     cls = ADAPTERS.get(model_type)
     return cls() if cls else None
+
+
+def __getattr__(name: str) -> object:
+    from gradleak.renamed import renamed_attribute
+
+    return renamed_attribute(__name__, name)
