@@ -6,6 +6,8 @@ prints that line and exits with code 2; library users can catch the exception, o
 subclasses where they want to tell kinds of problems apart.
 """
 
+import re
+
 
 class GradleakError(Exception):
     """A problem with the user's input or setup, explained in one line."""
@@ -49,3 +51,15 @@ def last_line(text: str) -> str:
 class GradleakDeprecation(FutureWarning):
     """A name or module that a release renamed or moved: the old one still works, until the
     release the warning names (see docs/renamed.md)."""
+
+
+# Control characters and line or paragraph separators: every character at which
+# str.splitlines breaks a line (and the other invisible ones a terminal acts on).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with each control character and line or paragraph separator written as its
+    escape (``\\n``, ``\\x1e``, ``\\u2028``): what an error message echoes of a file or an
+    option stays on the one line the command line prints."""
+    return _UNPRINTABLE.sub(lambda match: repr(match.group())[1:-1], text)

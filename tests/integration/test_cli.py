@@ -332,3 +332,69 @@ def test_label_option_on_labeled_data_is_ignored_with_a_notice(tmp_path):
     assert record["samples"][0]["labels"] == json.loads(plain.read_text())["samples"][0]["labels"]
     bad = invoke("attack", *TINY, "--label", "2")
     assert bad.exit_code == 2 and "invalid --label" in bad.output
+
+
+# --- hostile input and crashes -----------------------------------------------------------------
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_an_out_in_a_folder_that_cannot_exist_is_one_line_and_exit_2(tmp_path):
+    """(A folder under a file: /no/such/dir would be made where the user may make it.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = one_line_error(invoke("attack", *TINY, "--out", str(blocker / "x.json")))
+    assert "cannot write" in line and "a-file" in line
+
+
+def test_a_second_run_on_the_same_out_is_one_line_and_exit_2(tmp_path):
+    from gradleak.running.store import ResultStore
+
+    out = tmp_path / "run.json"
+    config = config_from_options(TINY_OPTIONS)
+    holder = ResultStore(out, config.identity())
+    errors: list[BaseException] = []
+
+    def hold() -> None:  # the first run, in another thread
+        try:
+            holder.start()
+        except BaseException as exc:  # noqa: BLE001  reported below
+            errors.append(exc)
+
+    import threading
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    thread.join()
+    assert not errors
+    try:
+        line = one_line_error(invoke("attack", *TINY, "--out", str(out)))
+        assert "another run is writing" in line
+    finally:
+        holder.close()
+    assert invoke("attack", *TINY, "--out", str(out)).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_notice_an_attack_gives_while_it_runs_is_printed_once(monkeypatch):
+    import warnings
+
+    from gradleak.attacks.dager.attack import DagerAttack
+    from gradleak.errors import GradleakNotice
+
+    prepare = DagerAttack.prepare
+
+    def noticing(self):
+        warnings.warn("the cached model was damaged: trained again", GradleakNotice, stacklevel=2)
+        prepare(self)
+
+    monkeypatch.setattr(DagerAttack, "prepare", noticing)
+    result = invoke("attack", "--model", "tiny-bert", "--attack", "dager", "--mode", "eval")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("notice: the cached model was damaged: trained again") == 1

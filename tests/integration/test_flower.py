@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -444,7 +445,7 @@ def test_dager_in_a_live_simulation_recovers_a_fedsgd_batch_as_the_standalone_at
             "utility": {"dev_examples": 8, "split": "train"},
         }
     )
-    result = run_federation(setup, out=tmp_path)
+    result = run_federation(setup, out=tmp_path, keep_private=True)
     entries = result.rounds[0].entries
     assert len(entries) == 2
     model, tokenizer = gradleak.load_model("minilm", seed=setup.seed)
@@ -478,6 +479,7 @@ def test_gradleak_flower_runs_a_setup_file_and_prints_each_round(tmp_path):
     assert result.exit_code == 0, result.output
     assert "round 1" in result.output and "round 2" in result.output
     rounds = read_federation(out).rounds
+    assert not (out / "private.sqlite").exists()  # the clients' batches went with the run
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(len(r["entries"]) == 2 for r in rounds[1:])
     report = CliRunner().invoke(app, ["report", str(out)])
@@ -487,3 +489,156 @@ def test_gradleak_flower_runs_a_setup_file_and_prints_each_round(tmp_path):
     assert PIN in page  # the canary's row
     bad = CliRunner().invoke(app, ["flower", str(tmp_path / "missing.yaml")])
     assert bad.exit_code == 2 and "cannot read the setup file" in bad.output
+
+
+# --- the clients' private batches after a run -----------------------------------------------
+
+
+def in_process_engine(monkeypatch, after=None) -> list[str]:
+    """``run_federation``'s engine replaced by the in-process grid (the same ServerApp and
+    ClientApp, without Ray); ``after()`` runs when the server is done. Returns the list that
+    receives the path of each run's ledger (as handed to the clients)."""
+    import gradleak.integrations.flower.federation as federation
+
+    ledgers: list[str] = []
+
+    def app_of(setup, partitions, ledger=None, mods=None):
+        ledgers.append(ledger)
+        return client_app(setup, partitions, ledger, mods)
+
+    def run_simulation(server_app, client_app, num_supernodes, backend_config):
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+        server_app(InProcessGrid(client_app, num_supernodes), context)
+        if after is not None:
+            after()
+
+    monkeypatch.setattr(federation, "client_app", app_of)
+    monkeypatch.setattr(federation, "run_simulation", run_simulation)
+    return ledgers
+
+
+def texts_in(folder) -> str:
+    """Every byte of every file under ``folder``, as lowercase text."""
+    return "".join(
+        path.read_bytes().decode("latin-1").lower() for path in folder.rglob("*") if path.is_file()
+    )
+
+
+def batch_texts(setup, server_round: int, partition: int) -> list[str]:
+    examples = client_partitions(setup)[partition]
+    return [e.text.lower() for e in round_batch(setup, examples, server_round, partition)]
+
+
+def test_no_clients_batch_is_left_in_the_results_folder_after_a_run(tmp_path, monkeypatch):
+    ledgers = in_process_engine(monkeypatch)
+    setup = tiny_setup(rounds=2, audit={"attacks": ["dager"], "clients": 1})
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "private.sqlite").write_text("a former run's batches")  # goes too
+    result = run_federation(setup, out=out)
+    ledger = ledgers[0]
+    assert ledger is not None and not ledger.startswith(str(out))
+    assert not os.path.exists(ledger) and not os.path.exists(os.path.dirname(ledger))
+    assert sorted(p.name for p in out.iterdir()) == ["federation.sqlite"]
+    found = texts_in(out)
+    scored, unscored = set(), set()
+    for done in result.rounds:
+        (entry,) = done.entries  # one client attacked per round, scored against its batch
+        assert entry.scores["simulation"] is not None
+        scored |= set(batch_texts(setup, done.round, entry.node - 1000))
+        unscored |= set(batch_texts(setup, done.round, 1000 + 1 - entry.node))
+    # an attacked batch is its entry's reference (the report shows it); the others are nowhere
+    assert unscored - scored
+    for text in unscored - scored:
+        assert text not in found, text
+
+
+@pytest.mark.parametrize("failure", ["a round's callback raises", "the engine is interrupted"])
+def test_no_clients_batch_is_left_after_a_run_that_fails(tmp_path, monkeypatch, failure):
+    engine_fails = failure == "the engine is interrupted"
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    ledgers = in_process_engine(monkeypatch, after=interrupted if engine_fails else None)
+    attacked = []
+
+    def on_round(result):
+        attacked.extend(entry.node - 1000 for entry in result.entries)
+        if not engine_fails:
+            raise RuntimeError("the operator's callback failed")
+
+    setup = tiny_setup(audit={"attacks": ["dager"], "clients": 1})
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt if engine_fails else RuntimeError):
+        run_federation(setup, out=out, on_round=on_round)
+    assert ledgers[0] is not None and not os.path.exists(os.path.dirname(ledgers[0]))
+    assert not (out / "private.sqlite").exists()
+    (partition,) = attacked
+    found = texts_in(out)
+    for text in batch_texts(setup, 1, 1 - partition):  # the batch nothing was scored against
+        assert text not in found, text
+
+
+def test_the_batches_are_kept_only_when_asked_and_readable_by_their_owner(tmp_path, monkeypatch):
+    ledgers = in_process_engine(monkeypatch)
+    setup = tiny_setup(audit={"attacks": ["dager"]})
+    out = tmp_path / "out"
+    run_federation(setup, out=out, keep_private=True)
+    kept = out / "private.sqlite"
+    assert ledgers == [str(kept)]
+    assert (kept.stat().st_mode & 0o777) == 0o600
+    ledger = Ledger(kept)
+    for partition in (0, 1):
+        batch = [e.text.lower() for e in ledger.read(1, 1000 + partition)]
+        assert batch == batch_texts(setup, 1, partition)
+    run_federation(setup, out=out)  # not asked again: the former run's file goes
+    assert not kept.exists()
+    with pytest.raises(GradleakError, match="give out") as caught:
+        run_federation(setup, keep_private=True)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_run_that_scores_nothing_against_the_batches_writes_none(tmp_path, monkeypatch):
+    ledgers = in_process_engine(monkeypatch)
+    run_federation(tiny_setup(audit={"attacks": ["dager"], "scoring": "none"}), out=tmp_path)
+    assert ledgers == [None]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.sqlite"]
+
+
+KILLED_RUN = """
+import os, signal, sys
+from gradleak.data import Example
+from gradleak.integrations.flower.ledger import private_ledger
+with private_ledger() as ledger:
+    ledger.write(1, 7, 0, [Example("my card PIN is 4921", label=0)])
+    print(ledger.path, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="kill -9 and advisory locks are POSIX's")
+def test_a_ledger_left_by_a_killed_run_is_swept_away_by_the_next(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from gradleak.integrations.flower.ledger import private_ledger, sweep
+
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    left = Path(run.stdout.strip()).parent
+    assert left.parent == tmp_path and "4921" in texts_in(left)  # nothing ran after the kill
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with private_ledger() as live:
+        assert not left.exists()  # the next run's start swept it away
+        assert sweep(tmp_path) == []  # and a live run's ledger stays
+        assert live.path.exists()
+    assert list(tmp_path.iterdir()) == []

@@ -27,7 +27,7 @@ from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import ServerKnowledge, server_knowledge
 from gradleak.models.loading import task_of
-from gradleak.models.tasks import EncodedBatch
+from gradleak.models.tasks import EncodedBatch, unwrap
 
 # A batch fact the attacker is given: None (what the update carries, if anything), True (what
 # it carries: an error if nothing), False (unknown), or the values themselves.
@@ -102,7 +102,9 @@ class Update:
             gradients: Each trainable parameter's name (``model.named_parameters()``) to its
                 gradient, as ``{n: p.grad for n, p in model.named_parameters()}`` gives them
                 (None: a parameter the loss did not reach, sent as zeros).
-            n_samples: The batch size, if the client declares it.
+            n_samples: The batch size, if the client declares it. Without it (and without
+                lengths or labels given to ``invert``) the server reads it from the update
+                where that is exact: see :meth:`counted_batch_size`.
             mode: The mode the gradient was computed in (default: the model's current one).
             task: The task (default: the model head's).
 
@@ -203,6 +205,39 @@ class Update:
         tensors = {key: tensor.to(device) for key, tensor in self.tensors.items()}
         return UpdatePayload(kind=self.kind, tensors=tensors, metadata=metadata)
 
+    def counted_batch_size(self, global_model: GlobalModel) -> int | None:
+        """The number of samples in this update, read from its tensors where that is exact;
+        None where they cannot tell.
+
+        A classifier's loss reads one position of each sequence (BERT's and MPNet's first,
+        a decoder's last real token), and the last block's feed-forward output projection
+        works on each position alone. Its weight's FedSGD gradient is therefore a sum of one
+        outer product per sample, ``sum_b delta_b f_b^T``, exactly zero elsewhere: its rank
+        is the batch size. The rank is read against the rounding of the tensor's precision
+        (the singular values above a hundred times the smallest, which is rounding alone).
+        Two identical samples count once (they are one sentence to recover anyway), and a
+        sample the model already fits almost perfectly adds almost nothing and may go
+        uncounted.
+
+        It cannot tell (None) for a causal LM or question answering (every position is
+        read: the rank counts tokens, not sequences), a FedAvg weight delta (several
+        steps), an update with public defenses (noise fills the rank, pruning empties it),
+        when that weight is not sent (LoRA, ``share``), or when the batch is more than half
+        the matrix's smaller side (near it the rank no longer tells samples from rounding).
+        """
+        if self.kind != "gradient" or self.defenses or global_model.task != "classification":
+            return None
+        model = global_model.model
+        hf = unwrap(model)
+        last = global_model.adapter.num_layers(hf) - 1
+        weight = getattr(global_model.adapter.role_module(hf, last, "p").module, "weight", None)
+        name = next((n for n, p in model.named_parameters() if p is weight), None)
+        spec = next((s for s in global_model.specs if s.param == name and s.dim is None), None)
+        tensor = self.tensors.get(spec.key) if spec is not None else None
+        if tensor is None or tensor.dim() != 2 or not tensor.is_floating_point():
+            return None
+        return _samples_in_rank(tensor)
+
     def knowledge(
         self, global_model: GlobalModel, known_labels: Known = None, known_lengths: Known = None
     ) -> ServerKnowledge:
@@ -226,7 +261,7 @@ class Update:
 
         return ServerKnowledge(
             global_model=global_model,
-            batch_size=self._batch_size(lengths, labels),
+            batch_size=self._batch_size(global_model, lengths, labels),
             lengths=None if lengths is None else tuple(lengths),
             template_ids=placed(template),
             token_type_ids=placed(token_types),
@@ -234,9 +269,12 @@ class Update:
             defenses=self.defenses,
         )
 
-    def _batch_size(self, lengths: Sequence[int] | None, labels: dict | None) -> int:
+    def _batch_size(
+        self, global_model: GlobalModel, lengths: Sequence[int] | None, labels: dict | None
+    ) -> int:
         """The batch size every source agrees on (the facts, the lengths, the labels, the
-        declared n_samples); an error if they differ or none says it."""
+        declared n_samples), else the one the update's tensors tell
+        (:meth:`counted_batch_size`); an error if they differ or none says it."""
         sizes = {len(lengths)} if lengths is not None else set()
         sizes |= {len(v) for v in (labels or {}).values()}
         sizes |= {n for n in (self.n_samples, self.facts and self.facts.batch_size) if n}
@@ -246,11 +284,27 @@ class Update:
                 f"({', '.join(map(str, sorted(sizes)))}): give facts of the same batch"
             )
         if not sizes:
-            raise GradleakError(
-                "the update does not say how many samples it holds: pass n_samples to "
-                "Update.from_gradients, or known_lengths to invert"
-            )
+            counted = self.counted_batch_size(global_model)
+            if counted is None:
+                raise GradleakError(
+                    "the update does not say how many samples it holds, and its tensors cannot "
+                    "tell (only a classifier's FedSGD gradient does): pass n_samples to "
+                    "Update.from_gradients, or known_lengths to invert"
+                )
+            return counted
         return sizes.pop()
+
+
+def _samples_in_rank(gradient: torch.Tensor) -> int | None:
+    """The rank of a sum of per-sample outer products, against its own precision's rounding
+    (see :meth:`Update.counted_batch_size`); None where it cannot be told."""
+    values = torch.linalg.svdvals(gradient.detach().cpu().double())
+    eps = torch.finfo(gradient.dtype).eps
+    largest, floor = float(values[0]), float(values[-1])
+    if largest == 0 or floor > 4 * eps * largest:  # the smallest is no rounding: full rank
+        return None
+    rank = int((values > max(100 * floor, eps * largest)).sum())
+    return rank if 0 < rank <= min(gradient.shape) // 2 else None
 
 
 def protocol_of(options: Mapping[str, Any]) -> Protocol:

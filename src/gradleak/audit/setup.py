@@ -30,7 +30,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gradleak.config.options import scenario_options, unknown_name
-from gradleak.experiments.spec import located, option_key, read_yaml, utility_at, validated
+from gradleak.experiments.spec import check_folder_name, option_key, utility_at
+from gradleak.experiments.yaml_files import located, read_yaml, validated
 
 DEFAULT_SENSITIVE = (r"\d",)  # numbers: amounts, PINs, dates, addresses
 
@@ -54,14 +55,20 @@ class AuditSetup(BaseModel):
         "change that brings leakage under the thresholds cost the model",
     )
 
+    # The results go to runs/audit-NAME: a name is a folder's, as an experiment's is.
+    _name_is_a_folder_name = field_validator("name")(check_folder_name)
+
     @field_validator("sensitive")
     @classmethod
     def _patterns_compile(cls, value: list[str]) -> list[str]:
         for pattern in value:
             try:
                 re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"'{pattern}' is not a regular expression ({exc})") from None
+            except (re.error, OverflowError, RecursionError) as exc:  # a{10**10}, ((((...))))
+                problem = exc if isinstance(exc, re.error) else "too large to compile"
+                raise ValueError(
+                    f"{pattern[:60]!r} is not a regular expression ({problem})"
+                ) from None
         return value
 
 

@@ -13,9 +13,11 @@ from rich.panel import Panel
 from rich.table import Table
 
 from gradleak.experiments.estimate import duration
+from gradleak.runtime.files import write_atomic
+from gradleak.runtime.terminal import shown
 
 if TYPE_CHECKING:
-    from gradleak.audit.run import AttackOutcome, AuditResult
+    from gradleak.audit.result import AttackOutcome, AuditResult
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 
@@ -43,18 +45,20 @@ def outcome_text(outcome: AttackOutcome) -> tuple[str, str, str, str]:
 
 
 def print_audit(result: AuditResult, console: Console) -> None:
-    """The verdict in a panel, then the attacks, the changes and the facts."""
+    """The verdict in a panel, then the attacks, the changes and the facts (every text that
+    comes from the setup, the private sentences or an error printed literally)."""
     style = "red" if result.exposed else "green"
-    console.print(Panel(result.verdict, title=f"audit of {result.name}", border_style=style))
+    console.print(Panel(shown(result.verdict), title=shown(f"audit of {result.name}"),
+                        border_style=style))  # fmt: skip
     attacks = Table(title="the setup as it is")
     for column in ("attack", "exact %", "ROUGE-2", "secrets", "what happened"):
         attacks.add_column(column, overflow="fold")
     for outcome in result.baseline:
-        attacks.add_row(outcome.attack, *outcome_text(outcome))
+        attacks.add_row(*(shown(cell) for cell in (outcome.attack, *outcome_text(outcome))))
     console.print(attacks)
     if result.utility is not None:
-        console.print(f"utility of the setup as it is (dev, after fine-tuning): "
-                      f"{result.utility.text()}", soft_wrap=True)  # fmt: skip
+        console.print(shown(f"utility of the setup as it is (dev, after fine-tuning): "
+                            f"{result.utility.text()}"), soft_wrap=True)  # fmt: skip
     if result.mitigations:
         changes = Table(title="changes tried against the attacks that leaked")
         columns = ("change", "attack", "exact %", "ROUGE-2", "under thresholds", "utility", "notes")
@@ -63,35 +67,37 @@ def print_audit(result: AuditResult, console: Console) -> None:
         for mitigation in result.mitigations:
             below = mitigation.below(result.thresholds)
             mark = "not measured" if below is None else "[green]yes[/]" if below else "[red]no[/]"
-            utility = mitigation.utility.text() if mitigation.utility else ""
+            utility = shown(mitigation.utility.text()) if mitigation.utility else ""
             for k, outcome in enumerate(mitigation.outcomes):
-                exact, rouge2, _, notes = outcome_text(outcome)
+                exact, rouge2, _, notes = (shown(cell) for cell in outcome_text(outcome))
                 first = k == 0
-                changes.add_row(mitigation.change if first else "", outcome.attack, exact, rouge2,
-                                mark if first else "", utility if first else "", notes)  # fmt: skip
+                changes.add_row(shown(mitigation.change) if first else "", shown(outcome.attack),
+                                exact, rouge2, mark if first else "", utility if first else "",
+                                notes)  # fmt: skip
         console.print(changes)
         if result.utility is None:
             console.print("What a change costs the model was not measured (add utility: to the "
                           "setup file); for example: "
-                          f"{result.mitigations[-1].utility_command}", soft_wrap=True)  # fmt: skip
+                          f"{shown(result.mitigations[-1].utility_command)}",
+                          soft_wrap=True)  # fmt: skip
     t = result.thresholds
     console.print(
-        f"thresholds: exact <= {t.max_exact:g}%, ROUGE-2 <= {t.max_rouge2:g}; budget "
-        f"{duration(result.budget_s)}, used {duration(result.seconds)}; results in "
-        f"{result.folder} (gradleak report {result.folder})",
+        shown(
+            f"thresholds: exact <= {t.max_exact:g}%, ROUGE-2 <= {t.max_rouge2:g}; budget "
+            f"{duration(result.budget_s)}, used {duration(result.seconds)}; results in "
+            f"{result.folder} (gradleak report {result.folder})"
+        ),
         soft_wrap=True,
     )
 
 
 def write_audit_html(result: AuditResult, path: str | Path) -> Path:
-    """The audit as one offline HTML page (every string escaped)."""
+    """The audit as one offline HTML page (every string escaped), written whole
+    (:func:`~gradleak.runtime.files.write_atomic`)."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("gradleak.reports", "templates"),
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
     )  # fmt: skip
     environment.globals.update(outcome_text=outcome_text, duration=duration)
     html = environment.get_template("audit.html.j2").render(result=result)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
-    return path
+    return write_atomic(Path(path), html)

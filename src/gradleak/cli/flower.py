@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gradleak.cli.console import console, fail
+from gradleak.cli.console import console, fail, shown
 from gradleak.errors import GradleakError
 
 
@@ -38,22 +38,27 @@ def flower(
             data = loaded.data.model_copy(update={"data_dir": data_dir})
             loaded = loaded.model_copy(update={"data": data})
         console.print(
-            f"Flower federation: {loaded.partition.clients} clients, {loaded.rounds} rounds, "
-            f"{loaded.protocol.algorithm}, {loaded.model} on {loaded.data.dataset}; audit: "
-            f"{', '.join(a.name for a in loaded.audit.attacks) or 'none'}",
+            shown(
+                f"Flower federation: {loaded.partition.clients} clients, {loaded.rounds} "
+                f"rounds, {loaded.protocol.algorithm}, {loaded.model} on "
+                f"{loaded.data.dataset}; audit: "
+                f"{', '.join(a.name for a in loaded.audit.attacks) or 'none'}"
+            ),
             highlight=False,
         )
         result = run_federation(loaded, out, on_round=_print_round, ray_address=ray_address)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    console.print(f"done in {result.seconds:.1f} s" + (f"; results in {out}" if out else ""))
+    console.print(shown(f"done in {result.seconds:.1f} s" + (f"; results in {out}" if out else "")))
 
 
 def _print_round(result: Any) -> None:
     utility = ", ".join(f"{k} {v:.1f}" for k, v in result.utility.items()) or "not measured"
     table = Table(
-        title=f"round {result.round}: {utility} ({result.seconds:.1f} s, of which audit "
-        f"{result.audit_seconds:.1f} s)",
+        title=shown(
+            f"round {result.round}: {utility} ({result.seconds:.1f} s, of which audit "
+            f"{result.audit_seconds:.1f} s)"
+        ),
         title_justify="left",
     )
     columns = ("attack", "updates", "exact %", "ROUGE-1", "ROUGE-2", "canaries", "secrets", "s")
@@ -62,7 +67,7 @@ def _print_round(result: Any) -> None:
     for attack, line in result.leakage.items():
         canaries = line.get("canaries")
         table.add_row(
-            attack,
+            shown(attack),
             f"{line['updates']}" + (f" ({line['refused']} refused)" if line["refused"] else ""),
             _number(line.get("exact_%")),
             _number(line.get("rouge1")),
@@ -74,7 +79,7 @@ def _print_round(result: Any) -> None:
     console.print(table)
     refusals = {(e.attack, e.refusal) for e in result.entries if e.refusal}
     for attack, reason in sorted(refusals):
-        console.print(f"  [dim]{attack} refused: {reason}[/]", highlight=False)
+        console.print(f"  [dim]{shown(attack)} refused: {shown(reason)}[/]", highlight=False)
 
 
 def _number(value: float | None) -> str:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from gradleak.attacks.registry import ATTACKS
-from gradleak.cli.console import console, fail
+from gradleak.cli.console import console, fail, shown
 from gradleak.config.options import attack_defaults, attack_options
 from gradleak.data.sources import dataset_status
 from gradleak.data.specs import DATASETS
@@ -28,7 +28,7 @@ def attacks(
         for column in ("name", "from", "description"):
             table.add_column(column)
         for entry in ATTACKS.entries():
-            table.add_row(entry.name, str(entry.origin), entry.description)
+            table.add_row(shown(entry.name), shown(entry.origin), shown(entry.description))
         console.print(table)
         console.print("`gradleak attacks NAME` lists an attack's options and defaults.")
         return
@@ -37,12 +37,13 @@ def attacks(
         defaults = attack_defaults(name)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    table = Table(title=f"{name}: {entry.description}", caption=f"from {entry.origin}")
+    table = Table(title=shown(f"{name}: {entry.description}"),
+                  caption=shown(f"from {entry.origin}"))  # fmt: skip
     for column in ("option", "default", "meaning"):
         table.add_column(column)
     for option in attack_options():
         if name in option.attacks:
-            table.add_row(option.flag, _shown(defaults[option.key]), option.help)
+            table.add_row(option.flag, shown(_default(defaults[option.key])), shown(option.help))
     console.print(table)
 
 
@@ -53,16 +54,16 @@ def defenses() -> None:
         table.add_column(column)
     for entry in DEFENSES.entries():
         origin = "" if entry.origin.source == "built-in" else f" (from {entry.origin})"
-        table.add_row(entry.name, "", "", entry.description + origin)
+        table.add_row(shown(entry.name), "", "", shown(entry.description + origin))
         for field, info in entry.settings.model_fields.items():
             if field == "name":
                 continue
-            default = "required" if info.is_required() else _shown(info.default)
-            table.add_row("", field, default, info.description or "")
+            default = "required" if info.is_required() else _default(info.default)
+            table.add_row("", shown(field), shown(default), shown(info.description or ""))
     console.print(table)
 
 
-def _shown(value: Any) -> str:
+def _default(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return "-" if value is None else str(value)
@@ -75,9 +76,8 @@ def models() -> None:
         table.add_column(column)
     for entry in MODELS.entries():
         spec = entry.spec
-        table.add_row(
-            spec.name, spec.family, str(entry.origin), model_status(spec.name), spec.description
-        )
+        cells = (spec.name, spec.family, entry.origin, model_status(spec.name), spec.description)
+        table.add_row(*(shown(cell) for cell in cells))
     console.print(table)
     console.print("A local model folder also works, and hf:ORG/NAME fetches from the hub (online).")
 
@@ -94,7 +94,8 @@ def datasets(
         table.add_column(column)
     for entry in DATASETS.entries():
         spec, status = entry.spec, dataset_status(entry.name, data_dir)
-        table.add_row(spec.name, spec.task, str(entry.origin), status, spec.description)
+        cells = (spec.name, spec.task, entry.origin, status, spec.description)
+        table.add_row(*(shown(cell) for cell in cells))
     console.print(table)
     console.print(
         "Your own data: --dataset file:PATH (.txt one per line, .csv or .jsonl); "

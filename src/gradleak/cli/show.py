@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from gradleak.cli.console import console
+from gradleak.cli.console import console, shown
 
 if TYPE_CHECKING:
     from gradleak.running.record import Record
@@ -16,26 +16,26 @@ if TYPE_CHECKING:
 def print_record(record: Record) -> None:
     """References next to reconstructions, then the run's metrics."""
     config = record.config
-    title = (
+    title = shown(
         f"{config.attack.name.upper()} on {config.scenario.model} / "
         f"{config.scenario.data.dataset}: {record.scenario.label}"
     )
-    table = Table(title=title, caption=record.scenario.text, show_lines=True)
+    table = Table(title=title, caption=shown(record.scenario.text), show_lines=True)
     table.add_column("#", justify="right")
     table.add_column("private text (reference)")
     table.add_column("reconstruction")
     table.add_column("R-1", justify="right")
     for sample in record.samples:
         if sample.failed:
-            table.add_row(str(sample.index), "", f"[red]{sample.error}[/]", "")
+            table.add_row(str(sample.index), "", f"[red]{shown(sample.error)}[/]", "")
             continue
         r1 = f"{sample.metrics.strict.rouge1:.0f}"
         for k, (ref, exact) in enumerate(zip(sample.reference, sample.exact, strict=True)):
             match = sample.matching[k]
-            pred = sample.prediction[match] if match is not None else ""
+            pred = shown(sample.prediction[match]) if match is not None else ""
             mark = " [green](exact)[/]" if exact else ""
             table.add_row(
-                str(sample.index) if k == 0 else "", ref, pred + mark, r1 if k == 0 else ""
+                str(sample.index) if k == 0 else "", shown(ref), pred + mark, r1 if k == 0 else ""
             )
     console.print(table)
     s, p = record.metrics.strict, record.metrics.paper
@@ -48,10 +48,12 @@ def print_record(record: Record) -> None:
     privacy = next((s.info["privacy"] for s in record.samples if "privacy" in s.info), None)
     if privacy is not None:
         epsilon, steps = privacy.get("epsilon"), privacy.get("steps")
-        shown = "none (see the record's note)" if epsilon is None else f"{epsilon:.3g}"
+        value = "none (see the record's note)" if epsilon is None else f"{epsilon:.3g}"
         console.print(
-            f"privacy: epsilon {shown} at delta {privacy.get('delta')} per client round "
-            f"({privacy.get('accountant')} accountant, {steps} step{'' if steps == 1 else 's'})"
+            shown(
+                f"privacy: epsilon {value} at delta {privacy.get('delta')} per client round "
+                f"({privacy.get('accountant')} accountant, {steps} step{'' if steps == 1 else 's'})"
+            )
         )
     t = record.timing
     console.print(

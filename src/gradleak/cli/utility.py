@@ -7,10 +7,11 @@ from typing import Any
 
 from rich.table import Table
 
-from gradleak.cli.console import console, fail
+from gradleak.cli.console import console, fail, shown
 from gradleak.cli.parameters import utility_command_parameters
 from gradleak.config.options import utility_from_options
 from gradleak.errors import GradleakError
+from gradleak.runtime.files import write_atomic
 from gradleak.runtime.progress import progress_bar
 from gradleak.scenario.checks import check_scenario
 
@@ -33,18 +34,23 @@ def utility(**options: Any) -> None:
             result = measure_utility(config, settings, advance, device)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    table = Table(title=f"utility of {config.scenario.model} on {config.scenario.data.dataset}")
+    table = Table(
+        title=shown(f"utility of {config.scenario.model} on {config.scenario.data.dataset}")
+    )
     table.add_column("round", justify="right")
     for name in result.metrics[0]:
-        table.add_column(name, justify="right")
+        table.add_column(shown(name), justify="right")
     for r, values in zip(result.rounds, result.metrics, strict=True):
         table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
     console.print(table)
     console.print(f"time: {result.seconds:.1f} s")
     if out:
-        with open(out, "w", encoding="utf-8") as handle:
-            json.dump(utility_record(config, settings, result), handle, indent=2)
-        console.print(f"record written to {out}")
+        text = json.dumps(utility_record(config, settings, result), indent=2) + "\n"
+        try:
+            write_atomic(out, text)
+        except GradleakError as exc:
+            raise fail(str(exc)) from None
+        console.print(f"record written to {shown(out)}")
 
 
 utility_command_parameters(utility)

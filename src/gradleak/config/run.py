@@ -4,10 +4,18 @@ the server knows), the attack (its own settings model, chosen by name) and the s
 These models are the single declaration of every option: the command line
 (``gradleak.config.options``), configuration files (YAML/JSON round-trip) and the ``config`` entry
 of every record are generated from them.
+
+Options have upper bounds that a real run never needs exceeded (:data:`MAX_BATCH_SIZE`
+examples in a client's update, :data:`MAX_INPUTS` updates attacked), so that a typing slip or
+a hostile file is a one-line error naming the option and the limit rather than a run that
+exhausts the machine; options that are text (``--defense``, ``--share``, ``--lengths``) are
+one line.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -23,12 +31,69 @@ from pydantic import (
 from gradleak.attacks import ATTACKS
 from gradleak.attacks.settings import AttackSettings
 from gradleak.defenses import DEFENSES, DefenseSettings, parse_defenses
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, one_line
 from gradleak.federated.protocol import Protocol
 
 # Options of an attack that a release retired: a stored record naming one still loads.
 # dager's encoder_beam went with the encoder's beam search (now a descent per start).
 RETIRED_OPTIONS: dict[str, tuple[str, ...]] = {"dager": ("encoder_beam",)}
+
+MAX_BATCH_SIZE = 1024  # examples in one client update: attacks are studied up to a few dozen
+MAX_INPUTS = 100_000  # client updates attacked in one run: published tables attack 100
+MAX_SHARE_CHARS = 200  # a --share selection: "0-11.qkvofp" names every tensor of 12 layers
+_LENGTHS = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7}))?")  # N or MIN-MAX, ASCII digits
+
+
+def one_line_option(value: str, flag: str, example: str) -> str:
+    """``value`` if it is one line of text, else the error naming ``flag``."""
+    if one_line(value) != value:
+        raise ValueError(f"{flag} is one line of text, like {example}: {one_line(value)[:80]}")
+    return value
+
+
+def check_share(share: str) -> str:
+    """A ``--share`` selection checked as text (one line, at most :data:`MAX_SHARE_CHARS`);
+    its items are checked against the model's layers where it loads
+    (``gradleak.federated.sharing``)."""
+    one_line_option(share, "--share", "3.qv,*.f")
+    if len(share) > MAX_SHARE_CHARS:
+        raise ValueError(
+            f"--share is {len(share)} characters, over the {MAX_SHARE_CHARS} characters a "
+            "selection needs: use ranges like 0-11.qv"
+        )
+    return share
+
+
+MAX_NAME_BYTES = 255  # a file or folder name, in every common file system
+
+
+def path_problem(value: str) -> str | None:
+    """Why a model, data folder or ``file:`` dataset cannot name a path here, or None: a
+    ``~NAME`` whose home folder this machine does not know, or a name (between slashes) over
+    :data:`MAX_NAME_BYTES` bytes, which no file system takes."""
+    path = value.removeprefix("file:")
+    if path.startswith("~"):
+        try:
+            Path(path).expanduser()
+        except RuntimeError:
+            return f"{path.split('/')[0]!r} is no user's home folder here"
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in path.split("/")):
+        return (
+            f"{one_line(path[:40])}... holds a name over {MAX_NAME_BYTES} bytes, which no file "
+            "system takes"
+        )
+    return None
+
+
+def check_path(value: str | None, info: ValidationInfo) -> str | None:
+    """The field validator of :func:`path_problem`. A stored config (a record read elsewhere,
+    context ``stored``) names the paths of the machine that ran it: left alone."""
+    if value is None or (info.context or {}).get("stored"):
+        return value
+    problem = path_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 class DataConfig(BaseModel):
@@ -47,8 +112,10 @@ class DataConfig(BaseModel):
         description="label every example of an unlabeled file for classification: 0 | 1 | "
         "random (seeded by --sample-seed)",
     )
-    n_inputs: int = Field(1, ge=1, description="number of private batches to attack")
-    batch_size: int = Field(1, ge=1, description="private samples per client update (n_k)")
+    n_inputs: int = Field(1, ge=1, le=MAX_INPUTS, description="number of private batches to attack")
+    batch_size: int = Field(
+        1, ge=1, le=MAX_BATCH_SIZE, description="private samples per client update (n_k)"
+    )
     max_tokens: int | None = Field(None, ge=2, description="truncate sequences to this many tokens")
     chunk_tokens: int | None = Field(
         None,
@@ -63,6 +130,8 @@ class DataConfig(BaseModel):
     )
     sample_seed: int = Field(101, description="seed of the input order (LAMP: 101)")
 
+    _paths = field_validator("dataset", "data_dir")(check_path)
+
     @field_validator("label", mode="before")
     @classmethod
     def _label_text(cls, value: Any) -> Any:
@@ -72,7 +141,11 @@ class DataConfig(BaseModel):
     @classmethod
     def _lengths_are_a_range(cls, value: str | None) -> str | None:
         if value is not None and _length_range(value) is None:
-            raise ValueError(f"'{value}' is not a length range: use N or MIN-MAX, 1 <= MIN <= MAX")
+            shown = one_line(value if len(value) <= 20 else value[:17] + "...")
+            raise ValueError(
+                f"'{shown}' is not a length range: use N or MIN-MAX, 1 <= MIN <= MAX, "
+                "each of at most 7 digits"
+            )
         return value
 
     @property
@@ -89,10 +162,12 @@ class DataConfig(BaseModel):
 
 
 def _length_range(text: str) -> tuple[int, int] | None:
-    """``N`` or ``MIN-MAX`` as (MIN, MAX); None when it is neither or MIN is 0 or above MAX."""
-    low, dash, high = text.partition("-")
-    if not low.isdigit() or (dash and not high.isdigit()):
+    """``N`` or ``MIN-MAX`` (ASCII digits, at most 7 each) as (MIN, MAX); None when it is
+    neither or MIN is 0 or above MAX."""
+    match = _LENGTHS.fullmatch(text)
+    if match is None:
         return None
+    low, high = match.groups()
     span = (int(low), int(high or low))
     return span if 1 <= span[0] <= span[1] else None
 
@@ -126,12 +201,30 @@ class Scenario(BaseModel):
     )
     knowledge: Knowledge = Knowledge()
 
+    _model_path = field_validator("model")(check_path)
+
+    @field_validator("protocol")
+    @classmethod
+    def _share_text(cls, value: Protocol) -> Protocol:
+        check_share(value.share)
+        return value
+
     @field_validator("defenses", mode="before")
     @classmethod
     def _defense_specs(cls, value: Any) -> Any:
         try:
             if isinstance(value, str):
+                one_line_option(value, "--defense", "noise:sigma=0.01+prune:keep=0.1")
                 value = parse_defenses(value)
+            if not isinstance(value, list | tuple) or not all(
+                isinstance(item, DefenseSettings)
+                or (isinstance(item, dict) and isinstance(item.get("name"), str))
+                for item in value
+            ):
+                raise ValueError(
+                    f"{one_line(repr(value))[:60]} is no defense: give text like "
+                    "noise:sigma=0.01+prune:keep=0.1, or none"
+                )
             return tuple(
                 DEFENSES.settings(item) if not isinstance(item, DefenseSettings) else item
                 for item in value

@@ -19,7 +19,7 @@ from gradleak.defenses.settings import (
     SecAggSettings,
     SignSettings,
 )
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, one_line
 from gradleak.registry import Registry
 
 DEFENSES: Registry[DefenseSettings] = Registry(
@@ -45,12 +45,15 @@ def parse_defenses(text: str) -> list[dict[str, Any]]:
     for part in text.split("+"):
         name, _, parameters = part.strip().partition(":")
         if not name.strip():
-            raise GradleakError(f"bad --defense '{text}': use {SYNTAX}")
+            raise GradleakError(f"bad --defense '{one_line(text[:80])}': use {SYNTAX}")
         spec: dict[str, Any] = {"name": name.strip()}
         for item in filter(None, (p.strip() for p in parameters.split(","))):
             key, equals, value = item.partition("=")
             if not equals or not key.strip():
-                raise GradleakError(f"bad --defense parameter '{item}' in '{part}': use {SYNTAX}")
+                raise GradleakError(
+                    f"bad --defense parameter '{one_line(item[:80])}' in "
+                    f"'{one_line(part[:80])}': use {SYNTAX}"
+                )
             spec[key.strip()] = value.strip()
         specs.append(spec)
     return specs

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         run_experiment,
     )
     from gradleak.experiments.grid import Cell
-    from gradleak.experiments.spec import ExperimentError
+    from gradleak.experiments.yaml_files import ExperimentError
 
 # loaded on first use
 __getattr__, __dir__ = lazy_exports(
@@ -41,7 +41,7 @@ __getattr__, __dir__ = lazy_exports(
         "plan": "gradleak.experiments.execute",
         "run_experiment": "gradleak.experiments.execute",
         "Cell": "gradleak.experiments.grid",
-        "ExperimentError": "gradleak.experiments.spec",
+        "ExperimentError": "gradleak.experiments.yaml_files",
     },
 )
 

@@ -9,6 +9,11 @@ gives the same result). Cells are keyed by their config's identity, as single ru
 are, so a cell keeps its results when the file that declares it is edited around it, and
 when a later gradleak adds an option (opening the file re-derives every key from the config
 it stored, as a single run's store re-reads its header).
+
+A reader (``create=False``: a report, ``gradleak export``, a plan) opens the file read-only
+and never writes, so a results folder that is read-only, or one a run is writing, reads as
+it is; it finds the cells of an older layout under today's keys in memory, and only a writer
+stores them under those keys.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from gradleak.config import RunConfig
 from gradleak.errors import GradleakError
 from gradleak.experiments.grid import Cell, canonical_json, identity_key
 from gradleak.running.record import Record
+from gradleak.runtime.files import read_only_sqlite
 
 FILE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -76,16 +82,58 @@ class CellStatus:
 
 
 class ExperimentDatabase:
-    """The results of one experiment, in ``folder/results.sqlite``."""
+    """The results of one experiment, in ``folder/results.sqlite``: created and written
+    (``create=True``), or an existing one read, never written (``create=False``)."""
 
     def __init__(self, folder: str | Path, create: bool = True) -> None:
         self.folder = Path(folder)
         self.path = self.folder / FILE_NAME
+        self.read_only = not create
+        # a reader's view of an older layout: today's key -> the stored one, and stored keys
+        # a writer would drop (the same cell stored under both keys)
+        self._stored_keys: dict[str, str] = {}
+        self._dropped: set[str] = set()
+        self._has_utility = True
         if not self.path.exists() and not create:
             raise GradleakError(
                 f"{self.folder} holds no experiment results ({FILE_NAME}): give the folder a "
                 "`gradleak run` wrote (its --out)"
             )
+        if create:
+            self._open_to_write()
+        else:
+            self._open_to_read()
+        try:
+            version = self.meta("schema")
+            if version != str(SCHEMA_VERSION):
+                raise GradleakError(
+                    f"{self.path} was written by another gradleak (results schema {version}, "
+                    f"this one reads {SCHEMA_VERSION}): use that version or a new --out"
+                )
+            self._rekey()
+        except BaseException:
+            self._connection.close()
+            raise
+
+    def _open_to_read(self) -> None:
+        try:
+            self._connection = read_only_sqlite(self.path)
+            tables = {row[0] for row in self._connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}  # fmt: skip
+        except sqlite3.Error as exc:
+            raise GradleakError(
+                f"cannot read {self.path} as a results database ({exc}): give the folder a "
+                "`gradleak run` wrote (its --out)"
+            ) from None
+        if not {"meta", "cells", "samples"} <= tables:
+            self._connection.close()
+            raise GradleakError(
+                f"{self.folder} holds no experiment results ({self.path} lacks their tables): "
+                "give the folder a `gradleak run` wrote (its --out)"
+            )
+        self._has_utility = "utility" in tables  # a file from before utility was measured
+
+    def _open_to_write(self) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
@@ -103,13 +151,6 @@ class ExperimentDatabase:
                 f"cannot use {self.path} as a results database ({exc}): choose a folder you "
                 "can write (--out), or move away a file that is not one"
             ) from None
-        version = self.meta("schema")
-        if version != str(SCHEMA_VERSION):
-            raise GradleakError(
-                f"{self.path} was written by another gradleak (results schema {version}, this "
-                f"one reads {SCHEMA_VERSION}): use that version or a new --out"
-            )
-        self._rekey()
 
     def close(self) -> None:
         self._connection.close()
@@ -124,6 +165,8 @@ class ExperimentDatabase:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken at once (``BEGIN IMMEDIATE``) so that two writers
         queue instead of failing on a lock upgrade."""
+        if self.read_only:
+            raise GradleakError(f"{self.path} was opened to read (create=False): open it to write")
         db = self._connection
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -136,7 +179,8 @@ class ExperimentDatabase:
     def _rekey(self) -> None:
         """Key every cell by its stored config's identity as this gradleak derives it: an
         option added since the cell ran takes its default, and the cell keeps its results
-        (a config no longer readable keeps its old key: nothing will ask for it)."""
+        (a config no longer readable keeps its old key: nothing will ask for it). A reader
+        changes nothing: it only finds those cells under today's keys."""
         rows = self._connection.execute("SELECT key, config FROM cells").fetchall()
         moves = {}
         for key, config in rows:
@@ -148,6 +192,15 @@ class ExperimentDatabase:
             if hashed_key(identity) != key:
                 moves[key] = (hashed_key(identity), identity)
         if not moves:
+            return
+        if self.read_only:
+            taken = {key for key, _ in rows}
+            for old, (new, _) in moves.items():  # as the writer below would move them
+                if new in taken:
+                    self._dropped.add(old)
+                else:
+                    self._stored_keys[new] = old
+                    taken.add(new)
             return
         with self._write() as db:
             for old, (new, identity) in moves.items():
@@ -187,13 +240,19 @@ class ExperimentDatabase:
                FROM cells c LEFT JOIN samples s ON s.cell = c.key
                WHERE ? IS NULL OR c.key = ?
                GROUP BY c.key ORDER BY c.started, c.rowid""",
-            (key, key),
+            (self._stored(key), self._stored(key)),
         ).fetchall()
+        today = {stored: key for key, stored in self._stored_keys.items()}
         return [
-            CellStatus(key, name, json.loads(labels), wanted, done, failed, attack_s, device,
-                       bool(finished))
+            CellStatus(today.get(key, key), name, json.loads(labels), wanted, done, failed,
+                       attack_s, device, bool(finished))
             for key, name, labels, wanted, device, finished, done, failed, attack_s in rows
+            if key not in self._dropped
         ]  # fmt: skip
+
+    def _stored(self, key: str | None) -> str | None:
+        """The key a cell is stored under (a reader of an older layout: not today's)."""
+        return None if key is None else self._stored_keys.get(key, key)
 
     def status(self, cell: Cell) -> CellStatus | None:
         found = self.statuses(cell_key(cell))
@@ -202,10 +261,11 @@ class ExperimentDatabase:
     def record(self, name_or_key: str) -> Record | None:
         """A finished cell's record (by name or key): the shape ``gradleak attack --out``
         writes. None while the cell is part-way."""
-        row = self._connection.execute(
-            "SELECT record FROM cells WHERE key = ? OR name = ? ORDER BY started DESC",
-            (name_or_key, name_or_key),
-        ).fetchone()
+        rows = self._connection.execute(
+            "SELECT key, record FROM cells WHERE key = ? OR name = ? ORDER BY started DESC",
+            (self._stored(name_or_key), name_or_key),
+        ).fetchall()
+        row = next((row[1:] for row in rows if row[0] not in self._dropped), None)
         if row is None:
             known = ", ".join(s.name for s in self.statuses()) or "none yet"
             raise GradleakError(f"no cell {name_or_key} in {self.path} (cells: {known})")
@@ -215,14 +275,16 @@ class ExperimentDatabase:
 
     def cell_config(self, key: str) -> str:
         """A cell's config as it ran, JSON."""
-        row = self._connection.execute("SELECT config FROM cells WHERE key = ?", (key,)).fetchone()
+        row = self._connection.execute(
+            "SELECT config FROM cells WHERE key = ?", (self._stored(key),)
+        ).fetchone()
         if row is None:
             raise GradleakError(f"no cell {key} in {self.path}")
         return row[0]
 
     def samples(self, key: str) -> dict[int, dict[str, Any]]:
         rows = self._connection.execute(
-            "SELECT idx, sample FROM samples WHERE cell = ? ORDER BY idx", (key,)
+            "SELECT idx, sample FROM samples WHERE cell = ? ORDER BY idx", (self._stored(key),)
         ).fetchall()
         return {idx: json.loads(sample) for idx, sample in rows}
 
@@ -230,6 +292,8 @@ class ExperimentDatabase:
 
     def utility(self, key: str) -> dict[str, Any] | None:
         """A scenario's utility record (``experiments.utility``), None until measured."""
+        if not self._has_utility:
+            return None
         row = self._connection.execute(
             "SELECT record FROM utility WHERE key = ?", (key,)
         ).fetchone()

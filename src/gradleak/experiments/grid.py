@@ -18,6 +18,7 @@ from typing import Any
 
 from gradleak.config import RunConfig
 from gradleak.config.options import all_options, config_from_options, unknown_name
+from gradleak.config.run import path_problem
 from gradleak.errors import OptionError
 from gradleak.experiments.spec import (
     CELL_NAME,
@@ -263,18 +264,28 @@ def _someone_takes(experiment: ExperimentFile, key: str) -> bool:
 def _resolved(experiment: ExperimentFile, draft: _Draft, key: str, value: Any) -> Any:
     """A path option relative to the experiment's folder; an error if it does not exist.
     ``file:`` datasets are resolved the same way."""
-    folder = experiment.folder_of(draft.sources[key])
+    location = draft.sources[key]
     if key in PATH_OPTIONS and value is not None:
-        path = (folder / Path(str(value)).expanduser()).resolve()
-        if not path.exists():
-            raise experiment.error(draft.sources[key], f"{path} does not exist: fix the path")
-        return str(path)
+        return _existing(experiment, location, str(value))
     if key == "dataset" and str(value).startswith("file:"):
-        path = (folder / Path(str(value)[5:]).expanduser()).resolve()
-        if not path.exists():
-            raise experiment.error(draft.sources[key], f"{path} does not exist: fix the path")
-        return f"file:{path}"
+        return "file:" + _existing(experiment, location, str(value)[5:])
     return value
+
+
+def _existing(experiment: ExperimentFile, location: Location, given: str) -> str:
+    """``given`` relative to the folder of the file that declared it, checked to exist; a path
+    the system cannot take (a name too long, an unknown ``~user``) is the located error."""
+    problem = path_problem(given)
+    if problem is not None:
+        raise experiment.error(location, problem)
+    try:
+        path = (experiment.folder_of(location) / Path(given).expanduser()).resolve()
+        exists = path.exists()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise experiment.error(location, f"not a path here: {exc}") from None
+    if not exists:
+        raise experiment.error(location, f"{path} does not exist: fix the path")
+    return str(path)
 
 
 def _first_axis(draft: _Draft) -> Location:

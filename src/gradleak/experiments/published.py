@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gradleak.config import RunConfig
 from gradleak.config.options import all_options, options_of, unknown_name
-from gradleak.experiments.spec import located, option_key, read_yaml, same_value, validated
+from gradleak.experiments.spec import option_key, same_value
+from gradleak.experiments.yaml_files import located, read_yaml, validated
 
 METRICS = ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_match")
 

@@ -27,29 +27,56 @@ it. Every problem is still located in the file that declared the key.
 ``where`` values a cell has names it (a rule without ``where`` names every other cell); an
 include rule's own ``cell_name`` names the cells it makes or extends. Names must be unique,
 and make file names (a kept folder holds one file per cell).
+
+Every YAML file is read within bounds (:mod:`gradleak.experiments.yaml_files`). A grid holds at
+most :data:`MAX_CELLS` cells.
 """
 
 from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.config.options import all_options, unknown_name, utility_settings
-from gradleak.errors import GradleakError, OptionError
+from gradleak.errors import OptionError, one_line
+from gradleak.experiments.yaml_files import (
+    ExperimentError,
+    Location,
+    located,
+    read_yaml,
+    validated,
+)
 
-Location = tuple[str | int, ...]  # a key's place in the file: ("axes", "attack", 1)
 Places = dict[Location, tuple[Path, int]]  # each key's file and line (a base's keys: the base's)
 CELL_NAME = "cell_name"  # the key of an include rule that is a name, not an option
 INHERITED = ("description", "published", "utility", CELL_NAME)  # a base's, unless set here
+MAX_CELLS = 100_000  # an axes' product (a grid a machine could run is far smaller)
+MAX_NAME_CHARS = 100  # a name becomes a folder's or a file's: under any file system's limit
 
 
-class ExperimentError(OptionError):
-    """A problem with an experiment file, located: ``file:line: key: problem``."""
+def check_folder_name(value: str | None) -> str | None:
+    """A name that names a folder or file beside others (``runs/NAME``, ``runs/audit-NAME``):
+    no path separator, no leading dot, nothing a terminal or a file system chokes on. The one
+    rule for every name a file declares (experiments, audits)."""
+    if value is None:
+        return value
+    if (
+        not value.strip()
+        or value != value.strip()
+        or value.startswith(".")
+        or any(c in value for c in "/\\")
+        or one_line(value) != value
+        or len(value) > MAX_NAME_CHARS
+    ):
+        raise ValueError(
+            f"{value[:MAX_NAME_CHARS]!r} cannot name a folder: use letters, digits, - and _ "
+            f"(at most {MAX_NAME_CHARS} characters)"
+        )
+    return value
 
 
 class NameRule(BaseModel):
@@ -103,12 +130,7 @@ class ExperimentSpec(BaseModel):
         "writes them",
     )
 
-    @field_validator("name")
-    @classmethod
-    def _name_is_a_folder_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or "/" in value or value.startswith(".")):
-            raise ValueError(f"'{value}' cannot name a folder: use letters, digits, - and _")
-        return value
+    _name_is_a_folder_name = field_validator("name")(check_folder_name)
 
 
 class ExperimentFile:
@@ -142,7 +164,16 @@ class ExperimentFile:
         """The folder of the cells' kept inputs, when the file names one."""
         if self.spec.kept is None:
             return None
-        return (self.path.parent / Path(self.spec.kept).expanduser()).resolve()
+        return self.resolved(("kept",), self.spec.kept)
+
+    def resolved(self, location: Location, given: str) -> Path:
+        """The path ``given`` at ``location`` (``~`` expanded, relative to its file), or the
+        located error of a path the system cannot take (``~nobody``, a NUL byte)."""
+        try:
+            path = self.places.get(location, (self.path, 0))[0].parent / Path(given).expanduser()
+            return path.resolve()
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise self.error(location, f"not a path here: {exc}") from None
 
     def lines_of(self, path: Path) -> dict[Location, int]:
         """The line of each key that ``path`` (this file or a base) declared."""
@@ -169,20 +200,6 @@ class ExperimentFile:
 OVERRIDE = "--set"  # the source of an option a run sets in every cell (``expand``'s overrides)
 
 
-def located(
-    path: Path, lines: dict[Location, int], location: Location, problem: str
-) -> ExperimentError:
-    """The error ``file:line: key: problem`` for the key at ``location`` of a YAML file whose
-    keys sit at ``lines`` (the line of the nearest parent when the key has none)."""
-    line = next(
-        (lines[location[:cut]] for cut in range(len(location), 0, -1) if location[:cut] in lines),
-        None,
-    )
-    key = ".".join(str(part) for part in location)
-    where = f"{path}:{line}" if line else str(path)
-    return ExperimentError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
-
-
 def read_experiment(path: str | Path, _extending: tuple[Path, ...] = ()) -> ExperimentFile:
     """Read and check an experiment file's shape and option names, and those of the files it
     extends (the cells' values are checked when the grid is expanded:
@@ -201,22 +218,41 @@ def read_experiment(path: str | Path, _extending: tuple[Path, ...] = ()) -> Expe
     utility_of(experiment)
     if experiment.spec.published is not None:
         published = experiment.folder_of(("published",)) / experiment.spec.published
-        if not published.resolve().is_file():
-            raise experiment.error(
-                ("published",), f"{published.resolve()} does not exist: fix the path"
-            )
+        try:
+            found = published.resolve().is_file()
+        except (OSError, ValueError):  # a name too long, a NUL byte
+            found = False
+        if not found:
+            raise experiment.error(("published",), f"{published} does not exist: fix the path")
     _check_kept(experiment)
+    _check_grid_size(experiment)
     return experiment
+
+
+def _check_grid_size(experiment: ExperimentFile) -> None:
+    """The axes' product is at most :data:`MAX_CELLS` (counted before any cell is made)."""
+    cells = 1
+    for raw, values in experiment.spec.axes.items():
+        cells *= max(1, len(values))
+        if cells > MAX_CELLS:
+            raise experiment.error(
+                ("axes", raw),
+                f"the axes make over {MAX_CELLS:,} cells: split the grid into several files",
+            )
 
 
 def _base(experiment: ExperimentFile, extending: tuple[Path, ...]) -> ExperimentFile:
     """The file ``experiment`` extends, read and checked."""
     assert experiment.spec.extends is not None
-    base = (experiment.path.parent / Path(experiment.spec.extends).expanduser()).resolve()
+    base = experiment.resolved(("extends",), experiment.spec.extends)
     if base in extending:
         chain = " -> ".join(p.name for p in (*extending, base))
         raise experiment.error(("extends",), f"the files extend each other: {chain}")
-    if not base.is_file():
+    try:
+        found = base.is_file()
+    except OSError:  # a name too long
+        found = False
+    if not found:
         raise experiment.error(("extends",), f"{base} does not exist: fix the path")
     return read_experiment(base, extending)
 
@@ -281,9 +317,13 @@ def _check_kept(experiment: ExperimentFile) -> None:
     folder = experiment.kept
     if folder is None:
         return
-    if folder.exists() and not folder.is_dir():
+    try:
+        exists, is_dir, parent = folder.exists(), folder.is_dir(), folder.parent.is_dir()
+    except OSError as exc:  # a name too long
+        raise experiment.error(("kept",), f"not a folder here: {exc.strerror}") from None
+    if exists and not is_dir:
         raise experiment.error(("kept",), f"{folder} is a file: name a folder")
-    if not folder.exists() and not folder.parent.is_dir():
+    if not exists and not parent:
         raise experiment.error(("kept",), f"{folder.parent} does not exist: fix the path")
 
 
@@ -307,40 +347,6 @@ def utility_at(
         flag = f"--{exc.option.replace('_', '-')}" if exc.option else ""
         problem = str(exc).replace(f"invalid {flag}: ", "", 1)
         raise located(path, lines, ("utility", raw) if raw else ("utility",), problem) from None
-
-
-def read_yaml(path: Path, what: str) -> tuple[Any, dict[Location, int]]:
-    """A YAML file's data and the line of each of its keys; a one-line error where it is
-    missing or not YAML."""
-    if not path.is_file():
-        raise GradleakError(f"{what} {path} does not exist: give the path of a YAML file")
-    text = path.read_text(encoding="utf-8")
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ExperimentError(f"{path}{line}: not valid YAML: {problem}") from None
-    return data, _key_lines(root)
-
-
-Model = TypeVar("Model", bound=BaseModel)
-
-
-def validated(model: type[Model], data: Any, path: Path, lines: dict[Location, int]) -> Model:
-    """``data`` as ``model``, or pydantic's first complaint located in the file."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        location = tuple(first["loc"])
-        problem = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            allowed = ", ".join(model.model_fields)
-            problem = f"not a key here (allowed: {allowed})"
-        raise located(path, lines, location, problem) from None
 
 
 def _check_option_names(experiment: ExperimentFile) -> None:
@@ -426,18 +432,3 @@ def same_value(a: Any, b: Any) -> bool:
 def option_key(raw: str) -> str:
     """An option name as the config's key: ``--batch-size`` and ``batch-size`` -> ``batch_size``."""
     return str(raw).lstrip("-").replace("-", "_")
-
-
-def _key_lines(node: yaml.Node | None, location: Location = ()) -> dict[Location, int]:
-    """The 1-based line of every mapping key and sequence item under ``node``."""
-    lines: dict[Location, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            where = (*location, key_node.value)
-            lines[where] = key_node.start_mark.line + 1
-            lines |= _key_lines(value_node, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[(*location, i)] = item.start_mark.line + 1
-            lines |= _key_lines(item, (*location, i))
-    return lines

@@ -15,13 +15,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, one_line
 from gradleak.federated.protocol import LoraSettings, Protocol
 from gradleak.models.adapters import ModelAdapter, RoleModule
 from gradleak.models.roles import ROLES
 from gradleak.models.tasks import unwrap
 
-_ITEM = re.compile(r"^(\*|\d+|\d+-\d+)\.([qkvofp]+)$")
+_ITEM = re.compile(r"^(\*|[0-9]{1,6}|[0-9]{1,6}-[0-9]{1,6})\.([qkvofp]+)$")  # ASCII layer numbers
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ def parse_share(share: str, num_layers: int) -> set[tuple[int, str]] | None:
         match = _ITEM.match(item)
         if not match:
             raise GradleakError(
-                f"bad --share item '{item}': use all, or LAYERS.MODULES like 3.qv, 0-2.f, *.qkvofp"
+                f"bad --share item '{one_line(item[:80])}': use all, or LAYERS.MODULES like 3.qv, "
+                "0-2.f, *.qkvofp"
             )
         layers_text, roles = match.groups()
         if layers_text == "*":

@@ -3,12 +3,21 @@ an ``hf:ORG/NAME`` hub id (see :mod:`gradleak.models.sources` for how a name res
 
 Every model is loaded with eager attention (SDPA's CPU kernel has no double backward, and every
 gradient-matching attack differentiates through the gradient) and in float32.
+
+gradleak never runs a model folder's own code. A local folder whose ``config.json`` or
+``tokenizer_config.json`` names classes of its own (``auto_map``) is refused with a one-line
+error before transformers reads it (loading it as its ``model_type`` instead would quietly
+measure another model), and every model, config and tokenizer loads with
+``trust_remote_code=False``, so that a hub repository's code is refused the same way
+(transformers would otherwise ask on the terminal, and a run without one would end in a
+traceback).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,14 +101,47 @@ def _describe(name: str, source: Path | str) -> str:
     return f"model '{name}' from {source}"
 
 
+# Passed to every from_pretrained: a model folder's own code is never run (see above).
+NO_REMOTE_CODE = {"trust_remote_code": False}
+
+
 def _load_tokenizer(name: str, source: Path | str) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, **NO_REMOTE_CODE)
     except (OSError, ValueError) as exc:
-        raise GradleakError(
+        raise _remote_code_refused(name, source, exc) or GradleakError(
             f"cannot load a tokenizer for {_describe(name, source)} "
             f"({exc.__class__.__name__}: {_first_line(exc)})"
         ) from None
+
+
+def _remote_code_refused(name: str, source: Path | str, exc: Exception) -> GradleakError | None:
+    """The one-line error for transformers' refusal to load a repository's own code, or None
+    when ``exc`` is another problem."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return _own_code_error(name, source, "its config")
+
+
+def _own_code_error(name: str, source: Path | str, where: str) -> GradleakError:
+    return GradleakError(
+        f"{_describe(name, source)} names code of its own (auto_map in {where}), and gradleak "
+        "does not run a model folder's own code: use a model that transformers' own classes "
+        "load"
+    )
+
+
+def _check_no_own_code(name: str, source: Path | str) -> None:
+    """Refuse a local folder whose config or tokenizer config names classes of its own."""
+    if not isinstance(source, Path):
+        return  # a hub id: transformers refuses it (trust_remote_code=False)
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            settings = json.loads((source / file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # none, or unreadable: transformers says what is wrong
+            continue
+        if isinstance(settings, dict) and "auto_map" in settings:
+            raise _own_code_error(name, source, file)
 
 
 def _first_line(exc: Exception) -> str:
@@ -137,18 +179,23 @@ def _load_pretrained(
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     tokenizer = _load_tokenizer(name, source)
     try:
-        config = AutoConfig.from_pretrained(source, num_labels=NUM_LABELS)
+        config = AutoConfig.from_pretrained(source, num_labels=NUM_LABELS, **NO_REMOTE_CODE)
     except (OSError, ValueError) as exc:
-        raise GradleakError(
+        raise _remote_code_refused(name, source, exc) or GradleakError(
             f"cannot load {_describe(name, source)} ({exc.__class__.__name__}: {_first_line(exc)})"
         ) from None
     try:
         model = _AUTO_CLASSES[task].from_pretrained(
-            source, config=config, attn_implementation="eager", dtype=torch.float32
+            source,
+            config=config,
+            attn_implementation="eager",
+            dtype=torch.float32,
+            **NO_REMOTE_CODE,
         )
     except ValueError as exc:
-        raise GradleakError(
-            f"model '{name}' ({config.model_type}) has no {task} head in transformers: {exc}"
+        raise _remote_code_refused(name, source, exc) or GradleakError(
+            f"model '{name}' ({config.model_type}) has no {task} head in transformers: "
+            f"{_first_line(exc)}"
         ) from None
     return model, tokenizer
 
@@ -161,6 +208,7 @@ def _load_victim(name: str, task: str, seed: int) -> Victim:
     # Resolved before seeding: a first-use conversion draws random numbers (it builds a model
     # from its config), and the head's init must not depend on whether one ran.
     source = spec.tokenizer_source() if spec is not None and build else _resolve_source(name)
+    _check_no_own_code(name, source)
     torch.manual_seed(seed)
     if build is not None:
         tokenizer = _load_tokenizer(name, source)

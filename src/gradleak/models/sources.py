@@ -80,8 +80,12 @@ def _convert_smollm2(out: Path) -> None:
     source = smollm2_gguf_dir()
     if source is None:
         raise _missing_package("smollm2", SMOLLM2_PACKAGE)
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(
+        source, gguf_file=SMOLLM2_GGUF, trust_remote_code=False
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        source, gguf_file=SMOLLM2_GGUF, trust_remote_code=False
+    )
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -133,12 +137,14 @@ def _write_lti_tokenizer(out: Path) -> None:
     from transformers import AutoTokenizer  # only to convert
 
     if smollm2_converted():
-        tokenizer = AutoTokenizer.from_pretrained(smollm2_cache())
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_cache(), trust_remote_code=False)
     else:
         source = smollm2_gguf_dir()
         if source is None:
             raise _missing_package("lti-lm", SMOLLM2_PACKAGE)
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, gguf_file=SMOLLM2_GGUF, trust_remote_code=False
+        )
     tokenizer.bos_token = tokenizer.eos_token = tokenizer.pad_token = PLAIN_LM_SPECIAL
     tokenizer.save_pretrained(out)
 
@@ -161,9 +167,12 @@ def external_source(name: str, packaged: Iterable[str]) -> Path | str:
         if not repo:
             raise GradleakError("hf: needs a hub id, e.g. hf:openai-community/gpt2")
         return repo
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
+    try:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            return path
+    except (OSError, RuntimeError, ValueError):  # ~nobody, a name too long, a NUL byte
+        pass
     raise GradleakError(
         f"unknown model {name!r}: no such model folder; packaged models: "
         f"{', '.join(packaged)}, or hf:ORG/NAME to fetch from the hub"

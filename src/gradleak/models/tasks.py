@@ -84,6 +84,8 @@ def encode_examples(
     """Tokenize a private batch the way a fine-tuning client would (tokenizer's own specials).
 
     Sequences longer than the model allows are an error unless ``max_tokens`` truncates them.
+    Either way the tokenizer returns at most one token over the limit, so a huge text costs
+    no more than the model's limit in the batch (only the tokenizer's own pass reads it).
     Examples that carry their token ids (chunks of a token stream, see ``Example.token_ids``)
     are used exactly as they are: no special token, no EOS, no truncation.
     The tensors are built on the CPU (``EncodedBatch.to`` moves them to the model).
@@ -100,8 +102,8 @@ def encode_examples(
     longest = max(len(r) for r in rows)
     if longest > limit:
         raise GradleakError(
-            f"a sequence has {longest} tokens but the model allows {limit}: pass --max-tokens "
-            f"{limit} to truncate, or choose shorter inputs"
+            f"a sequence has more than {limit} tokens but the model allows {limit}: pass "
+            f"--max-tokens {limit} to truncate, or choose shorter inputs"
         )
     if tokenizer.pad_token_id is None:
         raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
@@ -141,7 +143,10 @@ def _encode_token_ids(
 
 
 def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncate: bool):
-    """The tokenizer's encoding of the batch (question and context pairs for QA)."""
+    """The tokenizer's encoding of the batch (question and context pairs for QA): cut to
+    ``limit`` tokens when ``truncate``, else to ``limit + 1``, which is enough to tell a
+    sequence too long (the caller's error) and no more."""
+    cut = limit if truncate else limit + 1
     if task == "qa":
         if any(ex.context is None for ex in examples):
             raise GradleakError("task qa needs question/context examples: use --dataset squad")
@@ -150,15 +155,10 @@ def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncat
             [ex.context for ex in examples],
             return_offsets_mapping=True,
             padding=False,
-            truncation="only_second" if truncate else False,
-            max_length=limit if truncate else None,
+            truncation="only_second" if truncate else "longest_first",
+            max_length=cut,
         )
-    return tokenizer(
-        [ex.text for ex in examples],
-        padding=False,
-        truncation=truncate,
-        max_length=limit if truncate else None,
-    )
+    return tokenizer([ex.text for ex in examples], padding=False, truncation=True, max_length=cut)
 
 
 def _padded(rows: list[list[int]], length: int, fill: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gradleak.errors import GradleakError, PluginWarning
+from gradleak.errors import GradleakError, PluginWarning, one_line
 from gradleak.registry.plugins import Origin, discover, resolve, settings_of
 from gradleak.version import __version__
 
@@ -193,7 +193,8 @@ class Parts(Generic[EntryT]):
             raise GradleakError(self._failed[name])
         if name not in self._entries:
             raise GradleakError(
-                f"unknown {self.kind} '{name}': use one of {', '.join(self._entries)}"
+                f"unknown {self.kind} '{one_line(str(name)[:80])}': use one of "
+                f"{', '.join(self._entries)}"
             )
         return self._entries[name]
 
@@ -308,6 +309,8 @@ class Registry(Parts[Entry[SettingsT]]):
         override its defaults."""
         if isinstance(name, dict):
             values = {**name, **values}
+            if not isinstance(values.get("name"), str):
+                raise GradleakError(f"a {self.kind}'s settings need its name: add name: NAME")
             name = values.pop("name")
         entry = self.entry(name)
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.errors import GradleakError
+from gradleak.runtime.files import read_only_sqlite
 
 FILE_NAME = "federation.sqlite"
 # The store gradleak flower writes (integrations/flower/store.py) and this module reads.
@@ -113,7 +114,10 @@ def read_federation(folder: str | Path) -> FederationReport:
         raise GradleakError(
             f"{folder} holds no {FILE_NAME}: run gradleak flower ... --out {folder}"
         )
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        connection = read_only_sqlite(path)
+    except sqlite3.Error as exc:
+        raise GradleakError(f"{path} is not a federation's store: {exc}") from None
     try:
         meta = dict(connection.execute("SELECT key, value FROM meta").fetchall())
         rows = connection.execute(

@@ -21,6 +21,7 @@ from gradleak.reports.data import CellReport, ReportData, read_report_data
 from gradleak.reports.federation import FederationReport, is_federation, read_federation
 from gradleak.reports.highlight import marked
 from gradleak.reports.plots import plots
+from gradleak.runtime.files import write_atomic
 from gradleak.version import __version__
 
 STRICT = (("rouge1", "R-1"), ("rouge2", "R-2"), ("rougeL", "R-L"),
@@ -154,7 +155,8 @@ def write_report(folder: str | Path, out: str | Path | None = None, fmt: str = "
 
     Raises:
         ValueError: An unknown ``fmt``.
-        GradleakError: A folder that holds no results.
+        GradleakError: A folder that holds no results, or a report file that cannot be
+            written (the report is written whole or not at all).
     """
     if fmt not in ("html", "md"):
         raise ValueError(f"unknown report format {fmt!r}: use html or md")
@@ -164,6 +166,4 @@ def write_report(folder: str | Path, out: str | Path | None = None, fmt: str = "
         data = read_report_data(folder)
         text = render_html(data) if fmt == "html" else render_markdown(data)
     path = Path(out) if out is not None else Path(folder) / f"report.{fmt}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_atomic(path, text)

@@ -341,8 +341,6 @@ def test_bad_client_input_is_an_error_and_changes_nothing():
 def test_an_update_without_its_batch_size_says_how_to_give_it():
     model, tokenizer = gradleak.load_model("tiny-bert")
     update = gradleak.Update.from_gradients(model, user_gradients(model, tokenizer, TEXTS, LABELS))
-    with pytest.raises(gradleak.GradleakError, match="pass n_samples"):
-        gradleak.invert(update, model, tokenizer)
     with pytest.raises(gradleak.GradleakError, match="carries no labels"):
         gradleak.invert(update, model, tokenizer, known_labels=True)
     found = gradleak.invert(update, model, tokenizer, known_lengths=[8, 6])
@@ -368,3 +366,34 @@ def test_the_readme_example_runs_as_written(capsys):
     assert json.dumps(record.to_json()) and record.metrics.strict.rouge1 == 100.0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "100.0" and printed[1] == str(record.samples[0].prediction)
+
+
+# --- the batch size an update itself tells ----------------------------------------------------
+
+
+def gradients_of(model, tokenizer, texts, labels=None) -> dict:
+    """A plain training step's gradients (no token types: GPT-2 would add them as words)."""
+    batch = tokenizer(texts, padding=True, return_tensors="pt", return_token_type_ids=False)
+    model.zero_grad()
+    targets = batch["input_ids"] if labels is None else torch.tensor(labels)
+    model(**batch, labels=targets).loss.backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2"])
+def test_invert_reads_a_classifier_s_batch_size_from_its_gradient(name):
+    model, tokenizer = gradleak.load_model(name)
+    model.eval()
+    texts = ["the cat sat on the mat", "a dog ran home", "my pin is 4921"]
+    update = gradleak.Update.from_gradients(model, gradients_of(model, tokenizer, texts, [1, 0, 1]))
+    assert update.n_samples is None and update.facts is None
+    found = gradleak.invert(update, model, tokenizer, "dager")
+    assert found.refusal is None and sorted(found.texts) == sorted(texts)
+
+
+def test_an_update_that_cannot_tell_its_batch_size_says_how_to_give_it():
+    model, tokenizer = gradleak.load_model("tiny-gpt2", "causal_lm")
+    update = gradleak.Update.from_gradients(model, gradients_of(model, tokenizer, TEXTS))
+    with pytest.raises(gradleak.GradleakError, match="cannot tell.*pass n_samples") as caught:
+        gradleak.invert(update, model, tokenizer)
+    assert "\n" not in str(caught.value)

@@ -133,3 +133,21 @@ def test_utility_is_measured_for_the_setup_and_the_changes_that_work(tmp_path):
     bad.write_text("setup: {model: tiny-bert}\nutility:\n  rounds: 0\n")
     with pytest.raises(ExperimentError, match=r"bad.yaml:3: utility.rounds: .*greater than"):
         read_setup(bad)
+
+
+# --- hostile setup files -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["x/../../../tmp/y", "../outside", ".hidden", "a\\b", "tab\there", " ", "x" * 101]
+)
+def test_a_setup_name_cannot_leave_the_runs_folder(tmp_path, name):
+    path = tmp_path / "setup.yaml"
+    path.write_text(
+        textwrap.dedent(SETUP.format(extra="")).replace("name: tiny", f"name: {name!r}")
+    )
+    with pytest.raises(ExperimentError, match=r"setup.yaml:2: name: .* cannot name a folder"):
+        read_setup(path)
+    with pytest.raises(GradleakError, match="cannot name a folder"):
+        run_audit(path)  # refused before anything is written
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("*/results.sqlite"))

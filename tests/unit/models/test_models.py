@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -337,8 +338,8 @@ def test_too_long_sequence_is_an_error_unless_truncated():
     with pytest.raises(GradleakError) as err:
         encode_examples(tokenizer, long, "classification", 128)
     assert str(err.value) == (
-        "a sequence has 302 tokens but the model allows 128: pass --max-tokens 128 to "
-        "truncate, or choose shorter inputs"
+        "a sequence has more than 128 tokens but the model allows 128: pass --max-tokens 128 "
+        "to truncate, or choose shorter inputs"
     )
     batch = encode_examples(tokenizer, long, "classification", 128, max_tokens=16)
     # cut to 16 tokens that still end with [SEP]: [CLS], 14 words, [SEP]
@@ -367,3 +368,97 @@ def test_causal_lm_examples_end_with_one_eos_even_when_truncated(tiny_victim):
     assert short.lengths[0] == 4
     classification = encode_examples(tokenizer, [Example("a dog", label=0)], "classification", 128)
     assert tokenizer.mask_token_id not in classification.input_ids[0].tolist()
+
+
+# --- hostile model folders and inputs ---------------------------------------------------------
+
+
+def _folder_with_its_own_code(folder, marker, tokenizer=None):
+    """A model folder whose config (and tokenizer config) name code of their own: code that,
+    were it run, would leave ``marker``."""
+    folder.mkdir()
+    code = f"open({str(marker)!r}, 'w').write('ran')\nclass Mine: pass\n"
+    (folder / "mine.py").write_text(code)
+    auto = {"AutoConfig": "mine.Mine", "AutoModelForSequenceClassification": "mine.Mine"}
+    config = {"model_type": "mine", "architectures": ["Mine"], "auto_map": auto}
+    (folder / "config.json").write_text(json.dumps(config))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+        settings["auto_map"] = {"AutoTokenizer": ["mine.Mine", None]}
+        (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+
+
+@pytest.mark.parametrize("with_tokenizer", [False, True])
+def test_a_model_folder_with_its_own_code_is_refused_without_running_it(
+    tmp_path, monkeypatch, with_tokenizer
+):
+    def no_terminal(prompt=""):
+        pytest.fail(f"asked on the terminal: {prompt[:80]}")
+
+    monkeypatch.setattr("builtins.input", no_terminal)
+    marker = tmp_path / "ran.txt"
+    folder = tmp_path / "model"
+    tokenizer = load_victim("tiny-bert").tokenizer if with_tokenizer else None
+    _folder_with_its_own_code(folder, marker, tokenizer)
+    with pytest.raises(GradleakError) as err:
+        load_victim(str(folder))
+    message = str(err.value)
+    assert "gradleak does not run a model folder's own code" in message and "\n" not in message
+    assert str(folder) in message and "auto_map" in message
+    assert not marker.exists()
+
+
+def test_every_load_passes_trust_remote_code_false(monkeypatch):
+    """The loaders never leave the choice to transformers (which would ask on a terminal)."""
+    seen = []
+    for auto in (loading.AutoTokenizer, loading.AutoConfig):
+        original = auto.from_pretrained
+
+        def spy(source, *args, _original=original, **kwargs):
+            seen.append(kwargs.get("trust_remote_code", "missing"))
+            return _original(source, *args, **kwargs)
+
+        monkeypatch.setattr(auto, "from_pretrained", spy)
+    load_victim("minilm")
+    assert seen and all(flag is False for flag in seen), seen
+
+
+class _Recording:
+    """A tokenizer that records the keyword arguments of each call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_a_huge_line_is_tokenized_only_up_to_the_model_s_limit():
+    tokenizer = _Recording(load_victim("tiny-bert").tokenizer)
+    huge = [Example(" ".join(["word"] * 200_000), label=0)]
+    with pytest.raises(GradleakError, match="more than 128 tokens but the model allows 128"):
+        encode_examples(tokenizer, huge, "classification", 128)
+    assert tokenizer.calls[-1]["truncation"] and tokenizer.calls[-1]["max_length"] == 129
+    batch = encode_examples(tokenizer, huge, "classification", 128, max_tokens=16)
+    assert batch.lengths == [16] and tokenizer.calls[-1]["max_length"] == 16
+
+
+def test_a_hub_repository_with_its_own_code_is_the_same_one_line_refusal(monkeypatch):
+    def refuse(source, *args, **kwargs):
+        assert kwargs["trust_remote_code"] is False
+        raise ValueError(
+            f"The repository {source} contains custom code which must be executed to correctly "
+            "load the model.\nPlease pass the argument `trust_remote_code=True` to allow it."
+        )
+
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", refuse)
+    with pytest.raises(GradleakError) as err:
+        load_victim("hf:someone/own-code")
+    message = str(err.value)
+    assert message.startswith("'someone/own-code' from the Hugging Face hub names code of its")
+    assert "gradleak does not run a model folder's own code" in message and "\n" not in message

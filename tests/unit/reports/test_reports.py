@@ -4,9 +4,12 @@ rendered in headless Chromium without console errors."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import textwrap
 from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 from gradleak.cli import app
@@ -154,3 +157,88 @@ def test_a_federation_report_shows_rounds_leakage_and_canaries(tmp_path):
     assert (
         "| 1 | accuracy 62.5 | 3.0 | 0.5 | dager | 1 | 0.0 | 40.0 | 20.0 | 0/1 | 1/1 |" in markdown
     )
+
+
+# --- reading writes nothing --------------------------------------------------------------------
+
+
+def folder_state(folder) -> dict[str, bytes]:
+    """The folder's files but SQLite's own -shm and -wal (which a reader's SQLite keeps)."""
+    return {
+        path.name: path.read_bytes()
+        for path in sorted(folder.iterdir())
+        if not path.name.endswith(("-shm", "-wal"))
+    }
+
+
+def copied(finished, tmp_path):
+    import shutil
+
+    return shutil.copytree(finished, tmp_path / "results")
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0,
+    reason="root reads and writes whatever the modes say (see the test after this one)",
+)
+def test_a_read_only_results_folder_is_reported_and_exported(finished, tmp_path):
+    folder = copied(finished, tmp_path)
+    before = folder_state(folder)
+    for path in folder.iterdir():
+        path.chmod(0o444)
+    folder.chmod(0o555)
+    runner = CliRunner()
+    try:
+        report = runner.invoke(app, ["report", str(folder), "--out", str(tmp_path / "r.html")])
+        assert report.exit_code == 0, report.output
+        assert "batch_size=1" in (tmp_path / "r.html").read_text()
+        exported = runner.invoke(
+            app, ["export", str(folder), "batch_size=1", "--out", str(tmp_path / "c.json")]
+        )
+        assert exported.exit_code == 0, exported.output
+        listing = runner.invoke(app, ["export", str(folder)], env={"COLUMNS": "200"})
+        assert listing.exit_code == 0 and "batch_size=2" in listing.output
+        beside = runner.invoke(app, ["report", str(folder)])  # its default file is inside
+        assert beside.exit_code == 2 and "cannot write" in beside.output
+        assert len(beside.output.strip().splitlines()) == 1
+    finally:
+        folder.chmod(0o755)
+    assert folder_state(folder) == before
+
+
+def test_reading_a_results_folder_never_writes_to_it(finished, tmp_path):
+    """Where chmod does not bind (root), the reader's connection itself refuses a write; a
+    report and an export leave the folder's files as they were."""
+    folder = copied(finished, tmp_path)
+    before = folder_state(folder)
+    with ExperimentDatabase(folder, create=False) as database:
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            database._connection.execute("INSERT INTO meta VALUES ('written', 'by a reader')")
+        assert [s.name for s in database.statuses()] == ["batch_size=1", "batch_size=2"]
+    runner = CliRunner()
+    report = runner.invoke(app, ["report", str(folder), "--out", str(tmp_path / "r.md"),
+                                 "--format", "md"])  # fmt: skip
+    assert report.exit_code == 0, report.output
+    exported = runner.invoke(app, ["export", str(folder), "batch_size=2"])
+    assert exported.exit_code == 0 and '"batch_size": 2' in exported.output
+    assert folder_state(folder) == before
+
+
+def test_a_federation_folder_named_with_uri_characters_is_reported(tmp_path):
+    """``?`` and ``#`` in the folder's path are part of its name, not a URI's query."""
+    parent = tmp_path / "a?b#c"
+    parent.mkdir()
+    folder = federation_folder(parent)
+    page = write_report(folder, fmt="md").read_text()
+    assert "accuracy 62.5" in page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a?b#c"]  # no stray file
+    assert sorted(p.name for p in folder.iterdir()) == ["federation.sqlite", "report.md"]
+
+
+def test_a_report_to_a_folder_that_cannot_exist_is_one_line_and_exit_2(finished, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["report", str(finished), "--out", str(blocker / "r.html")])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot write")

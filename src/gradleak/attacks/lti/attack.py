@@ -10,6 +10,7 @@ evaluator checks that the auxiliary text holds none of the private examples).
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from gradleak.attacks.lti.training import TrainingBudget, predict, train_inverte
 from gradleak.data import chunk_examples, load_examples
 from gradleak.data.specs import DATASETS
 from gradleak.defenses import build_defenses
-from gradleak.errors import GradleakError
+from gradleak.errors import GradleakError, GradleakNotice, last_line
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
@@ -149,16 +150,25 @@ class LtiAttack(Attack[LtiSettings]):
             if self.settings.checkpoint is None
             else Path(self.settings.checkpoint)
         )
-        if self.settings.checkpoint is not None or path.is_file():
+        if self.settings.checkpoint is not None:
             state, info = checkpoint.load(path, key)
             model.load_state_dict(state, strict=False)
             info = info | {"checkpoint": str(path), "trained_now": False}
         else:
-            job = path.with_name(path.stem + ".job.safetensors")  # resumed if interrupted
-            info = self._train(model, knowledge, plan, hasher, sequences, source, job)
-            checkpoint.save(path, model.state_dict(), key, info)
-            job.unlink(missing_ok=True)
-            info = info | {"checkpoint": str(path), "trained_now": True}
+            with checkpoint.exclusive(path, waiting=lambda: _waiting(path)):
+                loaded = _cached(model, path, key)
+                if loaded is not None:
+                    info = loaded | {"checkpoint": str(path), "trained_now": False}
+                else:
+                    if path.exists():  # unreadable, and a failed load may have written into it
+                        path.unlink(missing_ok=True)
+                        model = self._model(knowledge, plan)
+                    job = path.with_name(path.stem + ".job.safetensors")  # resumed if stopped
+                    _drop_unreadable_snapshot(job)
+                    info = self._train(model, knowledge, plan, hasher, sequences, source, job)
+                    checkpoint.save(path, model.state_dict(), key, info)
+                    job.unlink(missing_ok=True)
+                    info = info | {"checkpoint": str(path), "trained_now": True}
         trained = _Trained(model, info)
         self._trained[name] = trained
         self._texts = self._texts | frozenset(texts)
@@ -360,3 +370,50 @@ def other_split(dataset: str, private: str | None) -> str:
             "with --aux-dataset"
         )
     return others[0]
+
+
+# --- the cache of trained models --------------------------------------------------------------
+
+
+def _cached(model: InversionModel, path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The info of the cached model at ``path``, loaded into ``model``; None when there is
+    none, or one that cannot be read (a notice says so, and it is trained again)."""
+    if not path.is_file():
+        return None
+    try:
+        state, info = checkpoint.load(path, key)
+        model.load_state_dict(state, strict=False)
+    except (GradleakError, RuntimeError) as exc:
+        warnings.warn(
+            f"the cached inversion model {path} is unreadable ({last_line(str(exc))}): "
+            "training it again",
+            GradleakNotice,
+            stacklevel=3,
+        )
+        return None
+    return info
+
+
+def _drop_unreadable_snapshot(job: Path) -> None:
+    """A training snapshot that cannot be read (torn by a kill) is set aside: the training
+    starts from the beginning instead of failing every later run."""
+    if not job.is_file():
+        return
+    reason = checkpoint.unreadable(job, {"snapshot": True})
+    if reason is not None:
+        warnings.warn(
+            f"the training snapshot {job} is unreadable ({last_line(reason)}): training from "
+            "the start",
+            GradleakNotice,
+            stacklevel=3,
+        )
+        job.unlink(missing_ok=True)
+
+
+def _waiting(path: Path) -> None:
+    warnings.warn(
+        f"another run is training the same inversion model ({path}): waiting for it, then "
+        "loading its model",
+        GradleakNotice,
+        stacklevel=4,
+    )

@@ -6,6 +6,10 @@ the same training data and budget. Those facts are the checkpoint's key; its dig
 cache file (``$GRADLEAK_CACHE_DIR/lti/DIGEST.safetensors``), so a later run with the same key
 loads the model instead of training it again, and a checkpoint given explicitly is refused,
 naming the first fact that differs, when its key is another.
+
+A cache entry is trained under a lock (:func:`exclusive`): a second run that needs the same
+model waits for the first and loads what it saved, rather than training it again beside it.
+The lock's holder removes the partial files a killed save of the entry left behind.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gradleak.errors import GradleakError
-from gradleak.models.cache import cache_dir
+from gradleak.models.cache import cache_dir, lock_path
 
 
 def digest(key: dict[str, Any]) -> str:
@@ -55,8 +62,45 @@ def save(path: Path, state: dict[str, torch.Tensor], key: dict[str, Any], info: 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
-    save_file(tensors, str(partial), metadata={"key": json.dumps(key), "info": json.dumps(info)})
-    os.replace(partial, path)
+    try:
+        save_file(tensors, str(partial),
+                  metadata={"key": json.dumps(key), "info": json.dumps(info)})  # fmt: skip
+        with open(partial, "rb") as handle:  # on the disk before it takes the name
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with suppress(OSError):
+            partial.unlink()
+        raise
+
+
+@contextmanager
+def exclusive(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the cache entry ``path`` while it is looked up and trained: another holder (a
+    process, or a thread) waits until this one is done, calling ``waiting`` first. Once held,
+    the partial files of the entry and of its training snapshot are removed: only a holder
+    writes them, so any found were left by a save that was killed."""
+    lock = FileLock(lock_path(path), thread_local=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            if waiting is not None:
+                waiting()
+            lock.acquire()
+    except OSError as exc:
+        raise GradleakError(
+            f"cannot use the inversion-model cache {path.parent} ({exc.strerror or exc}): set "
+            "GRADLEAK_CACHE_DIR to a folder you can write"
+        ) from None
+    try:
+        for stale in path.parent.glob(f".{path.stem}.*.partial"):
+            with suppress(OSError):
+                stale.unlink()
+        yield
+    finally:
+        lock.release()
 
 
 def load(path: Path, key: dict[str, Any] | None) -> tuple[dict[str, torch.Tensor], dict]:
@@ -79,6 +123,21 @@ def load(path: Path, key: dict[str, Any] | None) -> tuple[dict[str, torch.Tensor
             f"needs {_short(key.get(field))}): train one for this scenario (drop the checkpoint)"
         )
     return state, json.loads(metadata.get("info", "{}"))
+
+
+def unreadable(path: Path, key: dict[str, Any] | None) -> str | None:
+    """Why ``path`` cannot be loaded as a checkpoint trained for ``key``, from its header
+    alone (a torn file fails here: its header names more bytes than it holds); None when it
+    can."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        stored = json.loads(metadata["key"])
+    except KeyError:
+        return "no key in it"
+    except Exception as exc:  # noqa: BLE001  a foreign or damaged file
+        return str(exc)
+    return None if key is None or stored == key else "trained for another key"
 
 
 def _short(value: Any) -> str:

@@ -31,11 +31,11 @@ if TYPE_CHECKING:
         AuditEntry,
         AuditSample,
         LeakageAudit,
-        ServerModel,
     )
     from gradleak.integrations.flower.client import client_app
     from gradleak.integrations.flower.federation import FederationResult, run_federation
     from gradleak.integrations.flower.fedsgd import FedSgd
+    from gradleak.integrations.flower.replies import ServerModel
     from gradleak.integrations.flower.setup import FederationSetup, load_setup
 
 _AUDIT = "gradleak.integrations.flower.audit"
@@ -47,7 +47,7 @@ _exported, __dir__ = lazy_exports(
         "AuditEntry": _AUDIT,
         "AuditSample": _AUDIT,
         "LeakageAudit": _AUDIT,
-        "ServerModel": _AUDIT,
+        "ServerModel": "gradleak.integrations.flower.replies",
         "client_app": "gradleak.integrations.flower.client",
         "FederationResult": "gradleak.integrations.flower.federation",
         "run_federation": "gradleak.integrations.flower.federation",

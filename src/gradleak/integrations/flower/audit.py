@@ -8,6 +8,21 @@ FedAvg delta: the reply's weights minus the sent ones; a FedSGD gradient: the re
 runs every attack on it with only what the server knows, scores the reconstruction, and hands
 the replies to the wrapped strategy. Where the audit sits among Flower's DP wrappers decides
 what it sees (see :data:`WHAT_THE_AUDIT_SEES`).
+
+Nothing a client sends is trusted. Each reply is checked where the audit first reads it: its
+node id (:func:`node_of`), its arrays (names, shapes, dtypes and finite values against the
+server's model: :func:`~gradleak.integrations.flower.arrays.reply_tensors`), its
+``num-examples`` (a whole number, 1 to :data:`MAX_EXAMPLES`) and the batch facts the server
+takes from it (one length or label per example, each a whole number within the model's
+limits). A reply that fails a check, or that is an error instead of content, is an
+:class:`AuditEntry` refused with a one-line reason, and the round goes on.
+
+The audit observes; it does not change the federation's training. Every reply, malformed or
+not, is handed to the wrapped strategy unchanged and in the order received, so the aggregate
+is what that strategy makes of the same replies, bit for bit: Flower's strategy decides what
+a malformed reply does to the round (FedAvg skips an error reply, weighs a reply by whatever
+``num-examples`` it declares, and raises on arrays it cannot average, as it would without the
+audit).
 """
 
 from __future__ import annotations
@@ -23,22 +38,20 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from gradleak.api import Reconstruction, attack_update
-from gradleak.api.update import Update
 from gradleak.attacks import ATTACKS, Attack, AttackSettings
 from gradleak.errors import GradleakError
-from gradleak.federated.client import GlobalModel
-from gradleak.federated.protocol import Protocol
 from gradleak.integrations.flower.arrays import (
     load_arrays,
-    require_whole_model,
-    trainable_tensors,
 )
-from gradleak.models.loading import load_victim
+from gradleak.integrations.flower.replies import (
+    Received,
+    ServerModel,
+    entry_node,
+    node_order,
+    reason_line,
+    received,
+)
 from gradleak.running.recipe import ATTACK_STREAM, derived_seed
-
-# The reply's record with the batch facts a client declares (lengths, labels): LAMP and TAG's
-# threat model grants them; a real client sends none unless told to.
-FACTS_KEY = "batch-facts"
 
 # Where the audit sits, and what a curious server running it sees (tests/integration/test_flower.py
 # runs each row).
@@ -56,37 +69,11 @@ WHAT_THE_AUDIT_SEES = {
 }
 
 
-@dataclass
-class ServerModel:
-    """What the auditing server holds: the global model (rebuilt as the clients build it) and
-    which batch facts it takes from the clients' replies."""
-
-    global_model: GlobalModel
-    known_lengths: bool = False
-    known_labels: bool = False
-
-    @classmethod
-    def build(
-        cls,
-        model: str,
-        task: str,
-        protocol: Protocol,
-        seed: int = 0,
-        known_lengths: bool = False,
-        known_labels: bool = False,
-    ) -> ServerModel:
-        """The server's copy of a packaged (or local) ``model`` trained as ``protocol`` says
-        (LoRA, frozen embeddings, FedSGD or FedAvg), its LoRA initialization drawn from
-        ``seed`` as the clients draw it."""
-        require_whole_model(protocol.share)
-        victim = load_victim(model, task, seed=seed)
-        return cls(GlobalModel.build(victim, protocol, seed=seed), known_lengths, known_labels)
-
-
 @dataclass(frozen=True)
 class AuditSample:
     """Which replies are attacked: ``clients`` per round ("all", or a number drawn with
-    ``seed`` among the round's replies) in ``rounds`` (None: every round)."""
+    ``seed`` among the round's replies, errors and malformed ones included: those drawn are
+    entries refused) in ``rounds`` (None: every round)."""
 
     clients: int | Literal["all"] = "all"
     rounds: tuple[int, ...] | None = None
@@ -95,11 +82,11 @@ class AuditSample:
     def pick(self, server_round: int, replies: Sequence[Message]) -> list[Message]:
         if self.rounds is not None and server_round not in self.rounds:
             return []
-        ordered = sorted(replies, key=lambda m: m.metadata.src_node_id)
+        ordered = sorted(replies, key=node_order)
         if self.clients == "all" or self.clients >= len(ordered):
             return ordered
         draw = random.Random(f"{self.seed}:{server_round}")
-        return sorted(draw.sample(ordered, self.clients), key=lambda m: m.metadata.src_node_id)
+        return sorted(draw.sample(ordered, self.clients), key=node_order)
 
 
 @dataclass
@@ -193,13 +180,14 @@ class LeakageAudit(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)  # an iterable: read once, by the audit and the strategy
         self.failures += [
-            (server_round, int(r.metadata.src_node_id), r.error.reason)
+            (server_round, entry_node(r), str(r.error.reason or "no reason given"))
             for r in replies
             if r.has_error()
         ]
         sent = self._sent.pop(server_round, None)
         if sent is not None:
-            self.audit_round(server_round, sent, [r for r in replies if not r.has_error()])
+            self.audit_round(server_round, sent, replies)
+        # every reply, malformed or not, as received: the aggregate is the strategy's own
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(
@@ -215,14 +203,33 @@ class LeakageAudit(Strategy):
     # --- the audit ---------------------------------------------------------------------------
 
     def audit_round(self, server_round: int, sent: ArrayRecord, replies: list[Message]) -> None:
-        """Attack the sampled ``replies`` to the arrays ``sent`` in ``server_round``."""
+        """Attack the sampled ``replies`` to the arrays ``sent`` in ``server_round``; a reply
+        that cannot be attacked (an error, or content that fails a check) is an entry refused
+        with its reason, for each attack."""
         chosen = self.sample.pick(server_round, replies)
         if not chosen or not self.settings:
             return
-        before = load_arrays(self.knowledge.global_model, sent)
+        attackers = self._prepared()
+        before: dict[str, Any] | None = None
+        unusable = ""
+        try:
+            before = load_arrays(self.knowledge.global_model, sent)
+        except GradleakError as exc:  # the strategy's own arrays (a poisoned aggregate)
+            unusable = f"the arrays sent in round {server_round} do not fit the model: {exc}"
         for reply in chosen:
-            for attacker in self._prepared():
-                entry = self._attack_reply(server_round, reply, before, attacker)
+            try:
+                if before is None:
+                    raise GradleakError(unusable)
+                checked: Received | str = received(
+                    reply, self.knowledge, self.arrayrecord_key, before
+                )
+            except GradleakError as exc:
+                checked = reason_line(str(exc))
+            for attacker in attackers:
+                if isinstance(checked, str):
+                    entry = self._refused(server_round, reply, attacker, checked)
+                else:
+                    entry = self._attack_reply(server_round, checked, attacker)
                 for scorer in self.scorers:
                     scorer(entry)
                 self.entries.append(entry)
@@ -236,31 +243,26 @@ class LeakageAudit(Strategy):
             self._attackers = attackers
         return self._attackers
 
-    def _attack_reply(
-        self, server_round: int, reply: Message, before: dict[str, Any], attacker: Attack
-    ) -> AuditEntry:
-        node = int(reply.metadata.src_node_id)
+    def _attack_reply(self, server_round: int, received: Received, attacker: Attack) -> AuditEntry:
+        node, update = received.node, received.update
         start = time.perf_counter()
-        update = None
         try:
-            update = self.update_of(reply, before)
-            lengths, labels = self._declared(reply)
             found = attack_update(
                 attacker,
                 self.knowledge.global_model,
                 update,
-                known_labels=labels,
-                known_lengths=lengths,
+                known_labels=received.labels,
+                known_lengths=received.lengths,
                 seed=derived_seed(self.seed, server_round * 1_000_003 + node % 1_000_003,
                                   ATTACK_STREAM),
             )  # fmt: skip
-        except GradleakError as exc:  # this update cannot be attacked so (a missing fact)
-            found = Reconstruction(texts=[], refusal=str(exc))
+        except GradleakError as exc:  # this update cannot be attacked so (facts that disagree)
+            found = Reconstruction(texts=[], refusal=reason_line(str(exc)))
         return AuditEntry(
             round=server_round,
             node=node,
             attack=attacker.name,
-            n_samples=(update.n_samples or 0) if update is not None else 0,
+            n_samples=update.n_samples or 0,
             texts=found.texts,
             token_ids=found.token_ids,
             refusal=found.refusal,
@@ -269,45 +271,18 @@ class LeakageAudit(Strategy):
             info=found.info,
         )
 
-    def update_of(self, reply: Message, before: dict[str, Any]) -> Update:
-        """The reply as gradleak's update: a FedSGD gradient (the reply's arrays) or a FedAvg
-        weight delta (the reply's weights minus the sent ones), with the protocol facts the
-        server set and the client's declared number of examples."""
-        global_model = self.knowledge.global_model
-        protocol = global_model.protocol
-        arrays = trainable_tensors(
-            global_model, reply.content[self.arrayrecord_key], "the reply's arrays"
+    def _refused(
+        self, server_round: int, reply: Message, attacker: Attack, reason: str
+    ) -> AuditEntry:
+        """The entry of a reply the audit could not attack (node -1: no node id to name)."""
+        return AuditEntry(
+            round=server_round,
+            node=entry_node(reply),
+            attack=attacker.name,
+            n_samples=0,
+            texts=[],
+            token_ids=[],
+            refusal=reason,
+            seconds=0.0,
+            pairing=attacker.paper_pairing,
         )
-        metrics = next(iter(reply.content.metric_records.values()), None)
-        n_samples = metrics.get("num-examples") if metrics is not None else None
-        if protocol.algorithm == "fedsgd":
-            tensors, kind = arrays, "gradient"
-        else:
-            tensors = {name: arrays[name] - before[name].to(arrays[name].dtype) for name in arrays}
-            kind = "weight_delta"
-        return Update(
-            kind=kind,  # type: ignore[arg-type]
-            tensors=tensors,
-            task=global_model.task,
-            protocol=protocol,
-            n_samples=None if n_samples is None else int(n_samples),
-        )
-
-    def _declared(self, reply: Message) -> tuple[Any, Any]:
-        """The lengths and labels the server is given (False: not known), from the reply's
-        declared batch facts when the knowledge says the server has them."""
-        facts = reply.content.config_records.get(FACTS_KEY)
-        chosen = []
-        for wanted, key in ((self.knowledge.known_lengths, "lengths"),
-                            (self.knowledge.known_labels, "labels")):  # fmt: skip
-            if not wanted:
-                chosen.append(False)
-            elif facts is None or key not in facts:
-                raise GradleakError(
-                    f"the server is to know the {key}, and this client declared none: have "
-                    f"the clients send them in a '{FACTS_KEY}' ConfigRecord, or set "
-                    f"known_{key} False"
-                )
-            else:
-                chosen.append([int(v) for v in facts[key]])
-        return chosen[0], chosen[1]

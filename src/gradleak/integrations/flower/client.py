@@ -22,9 +22,9 @@ from gradleak.data import Example
 from gradleak.defenses.round import defended_update
 from gradleak.federated.client import GlobalModel
 from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable
-from gradleak.integrations.flower.audit import FACTS_KEY
 from gradleak.integrations.flower.canaries import planted
 from gradleak.integrations.flower.ledger import Ledger
+from gradleak.integrations.flower.replies import FACTS_KEY
 from gradleak.integrations.flower.setup import FederationSetup
 from gradleak.models.loading import load_victim
 from gradleak.models.tasks import EncodedBatch

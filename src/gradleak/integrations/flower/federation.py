@@ -6,6 +6,13 @@ holds the strategy (FedAvg, or :class:`FedSgd`), wrapped in the audit and in the
 the setup asks for, in the order that decides what the audit sees; it evaluates the global
 model on dev data after every round. Each round's utility and audit entries are written to
 the store (``OUT/federation.sqlite``) as soon as the round ends, and passed to ``on_round``.
+
+The simulation's ledger (every client's batch of every round, in plain text: what the
+``simulation`` scoring compares reconstructions with) exists only while the run does: in a
+folder of its own outside ``OUT``, deleted when the run ends, by an error too, and swept away
+by a later run where a kill left it (:func:`~gradleak.integrations.flower.ledger.private_ledger`).
+A run that does not score against it writes none. ``keep_private`` keeps it as
+``OUT/private.sqlite``; without it a former run's ``OUT/private.sqlite`` is deleted.
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,17 +43,12 @@ from gradleak.errors import GradleakError, last_line
 from gradleak.evaluation.utility import evaluate_model
 from gradleak.federated.client import GlobalModel
 from gradleak.integrations.flower.arrays import load_arrays, model_arrays
-from gradleak.integrations.flower.audit import (
-    AuditEntry,
-    AuditSample,
-    LeakageAudit,
-    Scorer,
-    ServerModel,
-)
+from gradleak.integrations.flower.audit import AuditEntry, AuditSample, LeakageAudit, Scorer
 from gradleak.integrations.flower.client import build_global_model, client_app
 from gradleak.integrations.flower.fedsgd import FedSgd
-from gradleak.integrations.flower.ledger import Ledger
+from gradleak.integrations.flower.ledger import FILE_NAME, Ledger, private_ledger, remove_ledger
 from gradleak.integrations.flower.partition import client_partitions
+from gradleak.integrations.flower.replies import ServerModel
 from gradleak.integrations.flower.scoring import CanaryScorer, SimulationScorer
 from gradleak.integrations.flower.setup import FederationSetup, setup_of
 from gradleak.integrations.flower.store import FederationStore
@@ -89,23 +90,33 @@ def run_federation(
     out: str | Path | None = None,
     on_round: Callable[[RoundResult], None] | None = None,
     ray_address: str | None = None,
+    keep_private: bool = False,
 ) -> FederationResult:
     """Simulate the federation ``setup`` describes, auditing its rounds; results also go to
-    ``out/federation.sqlite`` (with the simulation's ledger beside it) when ``out`` is given.
+    ``out/federation.sqlite`` when ``out`` is given.
+
+    The clients' private batches, which the ``simulation`` scoring compares reconstructions
+    with, are kept only while the run lasts and deleted when it ends, by an error too;
+    ``keep_private`` keeps them in ``out/private.sqlite`` (every client's batch of every
+    round, in plain text; readable by this user only).
 
     Flower's engine runs the clients on Ray: on the cluster at ``ray_address``, on a Ray
     instance already running in this process (``gradleak.running.distributed``'s), or on a local one
     it starts. Flower shuts Ray down when the simulation ends."""
     setup = setup_of(setup)
+    if keep_private and out is None:
+        raise GradleakError(
+            f"keep_private keeps the clients' batches in OUT/{FILE_NAME}: give out as well"
+        )
     if ray_address is not None:
         connect(ray_address)
     partitions = client_partitions(setup)
-    with _folder(out) as folder:
-        ledger = Ledger(folder / "private.sqlite")
-        store = FederationStore.new(folder / "federation.sqlite", setup) if out else None
+    folder = _out_folder(out)
+    with _ledger(setup, folder, keep_private) as ledger:
+        store = FederationStore.new(folder / "federation.sqlite", setup) if folder else None
         server = _Server(setup, ledger, store, on_round)
         mods = _client_mods(setup)
-        clients = client_app(setup, partitions, str(ledger.path), mods)
+        clients = client_app(setup, partitions, None if ledger is None else str(ledger.path), mods)
         start = time.perf_counter()
         with _quiet_flower():
             run_simulation(
@@ -131,7 +142,7 @@ class _Server:
     def __init__(
         self,
         setup: FederationSetup,
-        ledger: Ledger,
+        ledger: Ledger | None,
         store: FederationStore | None,
         on_round: Callable[[RoundResult], None] | None,
     ) -> None:
@@ -227,7 +238,7 @@ class _Server:
     def _scorers(self, global_model: GlobalModel) -> list[Scorer]:
         setup = self.setup
         scorers: list[Scorer] = []
-        if setup.audit.scoring == "simulation":
+        if setup.audit.scoring == "simulation" and self.ledger is not None:
             scorers.append(SimulationScorer(self.ledger, global_model, setup.data.max_tokens))
         if setup.canaries.records and setup.audit.scoring != "none":
             scorers.append(CanaryScorer(setup.canaries.records, global_model))
@@ -286,19 +297,30 @@ def _cpus(setup: FederationSetup) -> int:
     return max(setup.threads, os.cpu_count() or 1)
 
 
+def _out_folder(out: str | Path | None) -> Path | None:
+    """``out``, created (None: nothing kept)."""
+    if out is None:
+        return None
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GradleakError(f"cannot create {path}: {exc.strerror}") from None
+    return path
+
+
 @contextlib.contextmanager
-def _folder(out: str | Path | None) -> Iterator[Path]:
-    """``out`` (created), or a temporary folder for the ledger when nothing is kept."""
-    if out is not None:
-        path = Path(out)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise GradleakError(f"cannot create {path}: {exc.strerror}") from None
-        yield path
+def _ledger(setup: FederationSetup, out: Path | None, keep: bool) -> Iterator[Ledger | None]:
+    """The run's ledger: none where nothing scores against it and none is to be kept, kept as
+    ``out/private.sqlite`` when asked, else temporary. A former run's ``out/private.sqlite``
+    goes unless kept again."""
+    if out is not None and not keep:
+        remove_ledger(out / FILE_NAME)
+    if setup.audit.scoring != "simulation" and not keep:
+        yield None
         return
-    with tempfile.TemporaryDirectory(prefix="gradleak-flower-") as tmp:
-        yield Path(tmp)
+    with private_ledger(out / FILE_NAME if keep and out is not None else None) as ledger:
+        yield ledger
 
 
 @contextlib.contextmanager

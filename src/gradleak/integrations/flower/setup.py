@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gradleak.attacks import ATTACKS
 from gradleak.attacks.settings import AttackSettings
-from gradleak.errors import GradleakError
+from gradleak.config.run import MAX_BATCH_SIZE, check_share
+from gradleak.errors import GradleakError, one_line
+from gradleak.experiments.yaml_files import load_yaml
 from gradleak.federated.protocol import Protocol
 from gradleak.registry import first_error
 
@@ -140,7 +141,15 @@ class Audit(_Section):
     @field_validator("attacks", mode="before")
     @classmethod
     def _attack_settings(cls, value: Any) -> Any:
+        if not isinstance(value, str | dict | list | tuple | None):
+            raise ValueError(f"attacks are names or settings, like [dager], got {value!r}")
         items = [value] if isinstance(value, str | dict) else list(value or ())
+        unnamed = [i for i in items if not isinstance(i, str | dict | AttackSettings)
+                   or (isinstance(i, dict) and not isinstance(i.get("name"), str))]  # fmt: skip
+        if unnamed:
+            raise ValueError(
+                f"an attack is a name or its settings ({{name: dager, ...}}), got {unnamed[0]!r}"
+            )
         try:
             return tuple(
                 item
@@ -165,7 +174,9 @@ class FederationSetup(_Section):
     seed: int = 0
     rounds: int = Field(3, ge=1)
     fraction: float = Field(1.0, gt=0, le=1, description="share of clients sampled per round")
-    batch_size: int = Field(4, ge=1, description="examples a client trains on in a round (n_k)")
+    batch_size: int = Field(
+        4, ge=1, le=MAX_BATCH_SIZE, description="examples a client trains on in a round (n_k)"
+    )
     server_lr: float = Field(1.0, gt=0, description="fedsgd: server step on the mean gradient")
     threads: int = Field(1, ge=1, description="torch threads of each client and the server")
     data: FederationData = FederationData()
@@ -175,6 +186,12 @@ class FederationSetup(_Section):
     audit: Audit = Audit()
     canaries: Canaries = Canaries()
     utility: Utility = Utility()
+
+    @field_validator("protocol")
+    @classmethod
+    def _share_text(cls, value: Protocol) -> Protocol:
+        check_share(value.share)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> FederationSetup:
@@ -200,14 +217,18 @@ class FederationSetup(_Section):
 
 
 def load_setup(path: str | Path) -> FederationSetup:
-    """A setup file (YAML or JSON); every problem is one line naming the file and the field."""
+    """A setup file (YAML or JSON); every problem is one line naming the file and the field.
+
+    The file is read as every YAML file gradleak reads is (``experiments.spec.load_yaml``):
+    at most 1 MiB, nested a few levels, without aliases."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise GradleakError(f"cannot read the setup file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise GradleakError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long
+        found = False
+    if not found:
+        raise GradleakError(one_line(f"cannot read the setup file {path}: no such file"))
+    _, raw = load_yaml(path, "setup file")
     return setup_of(raw or {}, where=str(path))
 
 
@@ -218,4 +239,4 @@ def setup_of(raw: dict[str, Any] | FederationSetup, where: str = "the setup") ->
     try:
         return FederationSetup.model_validate(raw)
     except ValidationError as exc:
-        raise GradleakError(f"{where}: {first_error(exc)}") from None
+        raise GradleakError(one_line(f"{where}: {first_error(exc)}")) from None

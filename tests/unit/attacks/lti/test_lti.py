@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -453,3 +456,76 @@ def test_the_private_batch_never_reaches_the_trainer(word_files, tmp_path, monke
     private = [tokenizer(s.reference[0])["input_ids"] for s in record.samples]
     assert len(seen) == 64 + 4 * 32  # the held-out set and the training steps
     assert all(sentence[1:-1] not in [row[1:-1] for row in seen] for sentence in private)
+
+
+# --- the cache of trained models --------------------------------------------------------------
+
+TINY_TRAINING = {"n_inputs": 1, "train_steps": 4, "train_batch": 8, "eval_every": 2,
+                 "held_out": 8}  # fmt: skip
+
+
+def test_a_damaged_cached_model_is_trained_again_with_a_notice(word_files, tmp_path, monkeypatch):
+    from gradleak.errors import GradleakNotice
+
+    first = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    cached = Path(first["checkpoint"])
+    assert first["trained_now"] and cached.parent == tmp_path / "lti"
+    cached.write_bytes(cached.read_bytes()[:100])  # a disk that lost its tail
+    with pytest.warns(GradleakNotice, match="cached inversion model .* unreadable"):
+        again = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    assert again["trained_now"] and again["checkpoint"] == str(cached)
+    third = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    assert not third["trained_now"]  # the new one is whole
+
+
+def test_a_damaged_training_snapshot_starts_the_training_afresh(word_files, tmp_path, monkeypatch):
+    first = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    cached = Path(first["checkpoint"])
+    cached.unlink()
+    job = cached.with_name(cached.stem + ".job.safetensors")
+    job.write_bytes(b"\x00" * 64)  # a snapshot torn by a kill
+    with pytest.warns(UserWarning, match="training snapshot .* unreadable"):
+        again = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    assert again["trained_now"] and cached.is_file() and not job.exists()
+
+
+def test_partial_files_a_killed_save_left_are_removed(word_files, tmp_path, monkeypatch):
+    first = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    cached = Path(first["checkpoint"])
+    stale = [cached.with_name(f".{cached.name}.0123abcd.partial"),
+             cached.with_name(f".{cached.stem}.job.safetensors.4567ef.partial")]  # fmt: skip
+    other = cached.with_name(".another-model.safetensors.89ab.partial")  # not this entry's
+    for path in [*stale, other]:
+        path.write_bytes(b"half a file")
+    again = lti_run(word_files, tmp_path, monkeypatch, **TINY_TRAINING).samples[0].info
+    assert not again["trained_now"]
+    assert not any(path.exists() for path in stale) and other.exists()
+
+
+def test_a_second_run_waits_for_the_one_training_the_same_model(tmp_path):
+    """The entry is held while it is trained: a second holder waits (and is told), then finds
+    the first one's model; nothing is trained or unlinked twice."""
+    import threading
+
+    from gradleak.attacks.lti import checkpoint
+
+    path = tmp_path / "lti" / "abc.safetensors"
+    order: list[str] = []
+    held = threading.Event()
+
+    def first():
+        with checkpoint.exclusive(path):
+            held.set()
+            order.append("first trains")
+            time.sleep(0.3)
+            checkpoint.save(path, {"w": torch.zeros(2)}, {"k": 1}, {})
+            order.append("first saved")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    held.wait(10)
+    with checkpoint.exclusive(path, waiting=lambda: order.append("second waits")):
+        order.append("second holds")
+        assert checkpoint.load(path, {"k": 1})[0]["w"].tolist() == [0.0, 0.0]
+    thread.join()
+    assert order == ["first trains", "second waits", "first saved", "second holds"]
