@@ -18,6 +18,9 @@ Suites:
                  float64 statistics vs its materialized gradients, TAG streamed vs materialized.
   flower_audit   a 4-client, 3-round Flower federation (MiniLM SST-2, LoRA, FedAvg) audited by
                  DAGER and TAG, and without the audit: seconds per round, what leaked.
+  planned_runs   the plain `gradleak attack --attack lamp-cos|tag --mode eval` on --batches
+                 CoLA inputs, planned against one by one (--workers 1 --stack 1): wall s per
+                 input and scores.
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
   dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
@@ -57,6 +60,7 @@ import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import flower_audit  # noqa: E402
 import lti_speed  # noqa: E402
+import planned_runs  # noqa: E402
 import stack_step  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
@@ -70,6 +74,7 @@ SUITES = {
     **dager_rounding.SUITES,
     **stack_step.SUITES,
     **flower_audit.SUITES,
+    **planned_runs.SUITES,
 }
 EXPERIMENTS = Path(__file__).resolve().parent / "experiments"  # the tables of ordinary runs
 

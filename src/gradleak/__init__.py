@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         register_dataset,
         register_defense,
         register_model,
+        replay,
         score,
     )
     from gradleak.attacks import Attack, AttackSettings
@@ -75,6 +76,7 @@ _EXPORTS = {
             "register_dataset",
             "register_defense",
             "register_model",
+            "replay",
             "score",
         ),
         "gradleak.api",
@@ -124,6 +126,7 @@ __all__ = [
     "register_dataset",
     "register_defense",
     "register_model",
+    "replay",
     "run_audit",
     "run_experiment",
     "score",

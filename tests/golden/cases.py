@@ -1,9 +1,10 @@
 """The golden cells: small runs whose records must not change when the code is reshaped.
 
 Each cell is a ``gradleak attack`` command line (tiny random-init models, a few steps, one
-thread). ``regenerate.py`` writes each cell's result fields to ``CELL.json``;
-``tests/test_golden.py`` runs the same command and compares them bit for bit. Regenerate only
-when a result is meant to change, and say why in the commit.
+thread), its plan pinned (:data:`PLAN`: one process, one input a pass). ``regenerate.py`` writes
+each cell's result fields to ``CELL.json``; ``tests/integration/test_golden.py`` runs the same
+command and compares them bit for bit. Regenerate only when a result is meant to change, and say why
+in the commit.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ CELLS: dict[str, list[str]] = {
         "init", "--batch-size", "2",
     ],
 }  # fmt: skip
+
+
+# The golden runs' plan, given rather than planned: a change of the planning rules must not
+# change them.
+PLAN = ["--workers", "1", "--stack", "1"]
+
+
+def command(name: str) -> list[str]:
+    """Cell ``name``'s ``gradleak attack`` options, its plan included."""
+    return [*CELLS[name], *PLAN]
 
 
 def result_of(record: dict) -> dict:

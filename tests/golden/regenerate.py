@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from gradleak.cli import app
-from tests.golden.cases import CELLS, result_of
+from tests.golden.cases import CELLS, command, result_of
 
 HERE = Path(__file__).parent
 
@@ -26,7 +26,7 @@ def main(names: list[str]) -> None:
     for name in names or list(CELLS):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "record.json"
-            result = runner.invoke(app, ["attack", *CELLS[name], "--out", str(out)])
+            result = runner.invoke(app, ["attack", *command(name), "--out", str(out)])
             if result.exit_code != 0:
                 raise SystemExit(f"{name}: {result.output}")
             record = json.loads(out.read_text())

@@ -17,14 +17,14 @@ import pytest
 from typer.testing import CliRunner
 
 from gradleak.cli import app
-from tests.golden.cases import CELLS, matches_golden, result_of
+from tests.golden.cases import CELLS, command, matches_golden, result_of
 from tests.helpers import GOLDEN
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_record_is_bit_identical_to_the_golden_one(name, tmp_path):
     out = tmp_path / "record.json"
-    result = CliRunner().invoke(app, ["attack", *CELLS[name], "--out", str(out)])
+    result = CliRunner().invoke(app, ["attack", *command(name), "--out", str(out)])
     assert result.exit_code == 0, result.output
     expected = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     got = result_of(json.loads(out.read_text(encoding="utf-8")))

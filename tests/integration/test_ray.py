@@ -59,7 +59,7 @@ def test_ray_actors_give_the_one_process_record_even_when_a_worker_is_killed(
             ray.kill(ray.get_actor(worker_name(0), namespace=NAMESPACE), no_restart=False)
 
     record = gradleak.attack(
-        progress=kill_first_worker, workers=2, threads=2, backend="ray", **OPTIONS
+        progress=kill_first_worker, workers=2, threads=1, stack=1, backend="ray", **OPTIONS
     )
     assert killed.is_set()  # restarted, and the block it held attacked again
     assert record.backend == "ray" and record.workers == 2 and record.torch_threads == 1
@@ -81,17 +81,29 @@ def test_an_interrupted_ray_run_resumes_from_its_store(local_ray, one_process, t
 
     with pytest.raises(Interrupt):
         gradleak.attack(
-            progress=stop_after_two, workers=2, threads=2, backend="ray", out=out, **OPTIONS
+            progress=stop_after_two,
+            workers=2,
+            threads=1,
+            stack=1,
+            backend="ray",
+            out=out,
+            **OPTIONS,
         )
     partial = tmp_path / "record.json.partial.jsonl"
     assert len(partial.read_text().splitlines()) == 1 + 2  # the header and the two finished
     reported = []
     again = gradleak.attack(
         progress=lambda done, total, sample: reported.append(sample["index"]),
-        workers=2, threads=2, backend="ray", out=out, **OPTIONS,
+        workers=2, threads=1, stack=1, backend="ray", out=out, **OPTIONS,
     )  # fmt: skip
     assert len(reported) == 6 and len(set(reported)) == 6
     assert predictions(again) == predictions(one_process)
+
+
+def test_workers_the_ray_cluster_cannot_hold_are_one_line_not_a_wait(local_ray):
+    cpus = int(ray.cluster_resources()["CPU"])
+    with pytest.raises(GradleakError, match=f"need {2 * cpus} CPUs, and the Ray cluster has"):
+        gradleak.attack(progress=False, workers=2, threads=cpus, backend="ray", **OPTIONS)
 
 
 def test_an_unknown_backend_is_one_line():

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
         register_defense,
         register_model,
     )
-    from gradleak.api.runs import attack
+    from gradleak.api.runs import attack, replay
     from gradleak.api.steps import (
         Reconstruction,
         attack_update,
@@ -39,6 +39,7 @@ __getattr__, __dir__ = lazy_exports(
         "register_defense": "gradleak.api.extend",
         "register_model": "gradleak.api.extend",
         "attack": "gradleak.api.runs",
+        "replay": "gradleak.api.runs",
         "Reconstruction": _STEPS,
         "attack_update": _STEPS,
         "client_update": _STEPS,
@@ -66,5 +67,6 @@ __all__ = [
     "register_dataset",
     "register_defense",
     "register_model",
+    "replay",
     "score",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from gradleak.scenario.checks import check_scenario
 
 if TYPE_CHECKING:
     from gradleak.running import runner
+    from gradleak.running.plan import RunPlan
 
 
 def attack(
@@ -38,17 +39,21 @@ def attack(
     *,
     out: str | Path | None = None,
     progress: bool | runner.Progress = True,
-    workers: int = 1,
+    workers: int | None = None,
     threads: int | None = None,
     device: str | None = None,
-    stack: int | str = 1,
+    stack: int | str | None = None,
     backend: str = "processes",
     ray_address: str | None = None,
+    on_plan: Callable[[RunPlan], None] | None = None,
     **options: Any,
 ) -> Record:
     """Run one attack over a scenario's inputs and return its record: ``gradleak attack``.
 
-    The same config, seed, threads and stack give the same record on CPU.
+    How the run uses the machine (its worker processes, their threads, the inputs optimized
+    together) is planned from the inputs, the cores and the device unless given
+    (:mod:`gradleak.running.plan`); the record keeps the plan (``record.plan``), and the same
+    config, seed and plan give the same record on CPU (:func:`replay` runs a record again).
 
     Args:
         config: A :class:`RunConfig` (or its JSON/YAML form) to start from; options given
@@ -57,15 +62,20 @@ def attack(
             from it.
         progress: A progress bar on stderr (a widget in Jupyter), False for none, or a
             function ``(done, total, sample)`` called after each input.
-        workers: Inputs attacked at once in separate processes.
-        threads: Torch CPU threads for this run (restored after; None: as they are).
+        workers: Inputs attacked at once in separate processes (None: planned; 1: this
+            process only).
+        threads: Torch CPU threads of each process of the run (restored after; None:
+            planned: an equal share of the cores for several workers, else as they are).
         device: Where the model, the clients' rounds and the attack compute: ``cpu`` (None:
             the default), ``cuda``, ``cuda:N`` or ``mps``.
         stack: Inputs whose updates an optimization attack optimizes together in one batched
-            pass (a number, or ``"auto"``; results as one by one up to rounding).
+            pass (a number, or ``"auto"``; None: planned; 1: one by one; results as one by
+            one up to the order of floating-point sums).
         backend: What runs the workers: ``processes`` (local) or ``ray`` (Ray actors).
         ray_address: With ``backend="ray"``, the cluster to join (None: a local Ray instance,
             started for the run and stopped after).
+        on_plan: Called with the run's :class:`~gradleak.running.plan.RunPlan` once it is
+            chosen, before any input is attacked (the command line prints it).
         **options: ``gradleak attack``'s option names with underscores (``model="minilm",
             dataset="file:notes.jsonl", attack="dager", batch_size=4, n_inputs=2,
             mode="eval", seed=0``; None: not given).
@@ -100,6 +110,8 @@ def attack(
             stack=stack,
             backend=backend,
             ray_address=ray_address,
+            threads=threads,
+            on_plan=on_plan,
         )
     for notice in record.notices:
         warnings.warn(notice, GradleakNotice, stacklevel=2)
@@ -146,3 +158,41 @@ def _merged_config(
     if given.get("attack", config.attack.name) != config.attack.name:  # its settings go too
         base = {name: value for name, value in base.items() if not table[name].attacks}
     return config_from_options(base | given)
+
+
+def replay(
+    record: Record | str | Path,
+    *,
+    out: str | Path | None = None,
+    progress: bool | runner.Progress = True,
+) -> Record:
+    """Run a record's config again with its plan: on the same kind of machine (a CPU) the
+    same record comes back, up to timings.
+
+    Args:
+        record: A :class:`Record`, or the path of one (``gradleak attack --out``).
+        out: Write the new record there (and resume it from there).
+        progress: As for :func:`attack`.
+
+    Returns:
+        The new run's record.
+
+    Raises:
+        GradleakError: The record cannot be read, or its config cannot run here.
+    """
+    if not isinstance(record, Record):
+        record = Record.load(record)
+    options = {**plan_of(record).options(), "threads": record.torch_threads}  # its own count
+    return attack(record.config, out=out, progress=progress, **options)
+
+
+def plan_of(record: Record) -> RunPlan:
+    """The plan a record ran with (for a record from before runs were planned: its workers,
+    threads, device and largest stack)."""
+    from gradleak.running.plan import RunPlan
+
+    if record.plan is not None:
+        return record.plan
+    stacked = max((s.stacked for s in record.scored), default=1)
+    return RunPlan(workers=record.workers, threads=record.torch_threads, stack=stacked,
+                   device=record.device, backend=record.backend, cores=0)  # fmt: skip

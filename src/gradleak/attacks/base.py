@@ -96,6 +96,11 @@ class Attack(ABC, Generic[SettingsT]):
     def release(self) -> None:
         """Drop what ``prepare`` loaded (a parent process whose workers load their own)."""
 
+    def held_parameters(self) -> int:
+        """The parameters of what ``prepare`` loaded (an LM prior): a run's plan counts them in
+        each worker's memory."""
+        return 0
+
     def training_texts(self) -> Collection[str]:
         """The texts the attack has trained on so far (LTI's auxiliary data): the evaluator
         refuses a run whose private examples are among them. Empty for attacks that learn

@@ -9,25 +9,25 @@ from typing import TYPE_CHECKING
 from gradleak.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from gradleak.audit.run import (
+    from gradleak.audit.result import (
         AttackOutcome,
         AuditResult,
         Leakage,
         Mitigation,
         Thresholds,
-        run_audit,
     )
+    from gradleak.audit.run import run_audit
     from gradleak.audit.setup import AuditSetup, read_setup
 
 # loaded on first use
 __getattr__, __dir__ = lazy_exports(
     globals(),
     {
-        "AttackOutcome": "gradleak.audit.run",
-        "AuditResult": "gradleak.audit.run",
-        "Leakage": "gradleak.audit.run",
-        "Mitigation": "gradleak.audit.run",
-        "Thresholds": "gradleak.audit.run",
+        "AttackOutcome": "gradleak.audit.result",
+        "AuditResult": "gradleak.audit.result",
+        "Leakage": "gradleak.audit.result",
+        "Mitigation": "gradleak.audit.result",
+        "Thresholds": "gradleak.audit.result",
         "run_audit": "gradleak.audit.run",
         "AuditSetup": "gradleak.audit.setup",
         "read_setup": "gradleak.audit.setup",

@@ -10,24 +10,32 @@ this budget, not a guarantee: an attack not tried here, or a longer one, may rec
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradleak.audit.result import (
+    AttackOutcome,
+    AuditResult,
+    Mitigation,
+    Thresholds,
+    UtilityOutcome,
+    leakage_of,
+)
 from gradleak.audit.setup import AuditSetup, read_setup
 from gradleak.config import RunConfig
 from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.config.options import attack_defaults, config_from_options, utility_settings
 from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase
-from gradleak.experiments.estimate import START_SECONDS, estimate
+from gradleak.experiments.estimate import estimate
 from gradleak.experiments.grid import Cell
+from gradleak.experiments.spec import check_folder_name
 from gradleak.experiments.utility import stored_or_measured, utility_key
-from gradleak.reports.highlight import normalized
 from gradleak.running import runner
+from gradleak.running.cost import START_SECONDS, input_seconds
+from gradleak.running.plan import Workload, plan_run
 from gradleak.running.record import Record
 
 # The attacks an audit tries, cheapest first: DAGER is exact where it applies and takes
@@ -39,146 +47,6 @@ BASELINE_SHARE = 0.5  # of the budget, for attacking the setup as it is
 MITIGATION_INPUTS = 2  # client updates per attack when a change is tried
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """The leakage a practitioner accepts: at most ``max_exact`` % of sentences recovered
-    word for word and at most ``max_rouge2`` ROUGE-2 (strict, percent)."""
-
-    max_exact: float = 0.0
-    max_rouge2: float = 10.0
-
-
-@dataclass(frozen=True)
-class Leakage:
-    """What one attack recovered from the audited updates (strict metrics, percent)."""
-
-    exact: float
-    rouge1: float
-    rouge2: float
-    secrets: list[str]  # secret words that came back, as written in the private text
-    secrets_total: int
-
-    def over(self, thresholds: Thresholds) -> bool:
-        return self.exact > thresholds.max_exact or self.rouge2 > thresholds.max_rouge2
-
-
-@dataclass
-class AttackOutcome:
-    """One attack on one version of the setup: ran (with what it recovered), refused (it
-    cannot apply, and why), failed, or skipped (over the budget)."""
-
-    attack: str
-    status: str  # "ran" | "refused" | "failed" | "skipped"
-    why: str
-    leakage: Leakage | None = None
-    seconds: float = 0.0
-    steps: int | None = None
-
-
-@dataclass(frozen=True)
-class UtilityOutcome:
-    """What a version of the setup leaves of the model after federated fine-tuning: its
-    dev metrics, or why they were not measured."""
-
-    metrics: dict[str, float] | None
-    why: str = ""
-
-    def text(self) -> str:
-        if self.metrics is None:
-            return self.why
-        return ", ".join(f"{k} {v:.2f}" for k, v in self.metrics.items())
-
-
-@dataclass
-class Mitigation:
-    """A change to the setup, in words and as options, and what the attacks got after it."""
-
-    change: str
-    options: dict[str, Any]
-    outcomes: list[AttackOutcome] = field(default_factory=list)
-    utility_command: str = ""
-    utility: UtilityOutcome | None = None  # measured when the setup asks (its utility:)
-
-    @property
-    def measured(self) -> bool:
-        return any(o.status != "skipped" for o in self.outcomes)
-
-    def below(self, thresholds: Thresholds) -> bool | None:
-        """Whether every attack that leaked before stays under the thresholds after this
-        change: False when one still leaks, None when one was not measured (over the budget)."""
-        if any(o.leakage is not None and o.leakage.over(thresholds) for o in self.outcomes):
-            return False
-        if any(o.status == "skipped" for o in self.outcomes):
-            return None
-        return True
-
-
-@dataclass
-class AuditResult:
-    name: str
-    folder: Path
-    setup: AuditSetup
-    thresholds: Thresholds
-    budget_s: float
-    baseline: list[AttackOutcome]
-    mitigations: list[Mitigation]
-    facts: list[str]
-    seconds: float = 0.0
-    utility: UtilityOutcome | None = None  # of the setup as it is, when the setup asks
-
-    @property
-    def strongest(self) -> AttackOutcome | None:
-        leaked = [o for o in self.baseline if o.leakage is not None]
-        return max(leaked, key=lambda o: (o.leakage.exact, o.leakage.rouge2), default=None)
-
-    @property
-    def exposed(self) -> bool:
-        strongest = self.strongest
-        return strongest is not None and strongest.leakage.over(self.thresholds)
-
-    @property
-    def verdict(self) -> str:
-        """The short verdict a practitioner reads first."""
-        strongest = self.strongest
-        if strongest is None:
-            return "NOT MEASURED: no attack could be run on this setup within the budget"
-        leak = strongest.leakage
-        secrets = f", {len(leak.secrets)} of {leak.secrets_total} secret words recovered"
-        if self.exposed:
-            fixes = [m.change for m in self.mitigations if m.below(self.thresholds)]
-            fix = (
-                f" Under the thresholds after: {'; '.join(fixes)}."
-                if fixes
-                else (" None of the changes tried brought it under the thresholds.")
-            )
-            return (f"EXPOSED: {strongest.attack} recovers {leak.exact:.0f}% of sentences "
-                    f"exactly (ROUGE-2 {leak.rouge2:.1f}){secrets}.{fix}")  # fmt: skip
-        return (f"BELOW THE THRESHOLDS for the attacks tried: the strongest, {strongest.attack}, "
-                f"recovers {leak.exact:.0f}% exactly (ROUGE-2 {leak.rouge2:.1f}){secrets}. "
-                "Not a guarantee: other or longer attacks may recover more.")  # fmt: skip
-
-
-def leakage_of(record: Record, sensitive: list[str]) -> Leakage | None:
-    """The leakage a record shows (None when no input was scored), and which secret words of
-    the private text its reconstructions hold."""
-    strict = record.metrics.strict
-    if strict is None:
-        return None
-    patterns = [re.compile(p, re.IGNORECASE) for p in sensitive]
-    found, total = [], 0
-    for sample in record.scored:
-        for k, reference in enumerate(sample.reference):
-            match = sample.matching[k]
-            prediction = sample.prediction[match] if match is not None else ""
-            recovered = {normalized(w) for w in prediction.split()}
-            for word in reference.split():
-                if normalized(word) and any(p.search(word) for p in patterns):
-                    total += 1
-                    if normalized(word) in recovered:
-                        found.append(word)
-    return Leakage(strict.exact_match, strict.rouge1, strict.rouge2, found, total)
 
 
 class _Auditor:
@@ -207,14 +75,15 @@ class _Auditor:
         attack with as many steps as fit ``allowance`` seconds, another if it fits the time
         left."""
         options = self.options(changes, attack, inputs)
+        workers = self._workers(config_from_options(options), inputs)
         steps = None
-        if attack in OPTIMIZATION:
-            steps = self._fitting_steps(options, inputs, allowance)
+        if attack in OPTIMIZATION:  # the plan's workers take the time W times as far
+            steps = self._fitting_steps(options, inputs, allowance * workers)
             if steps is None:
                 return AttackOutcome(attack, "skipped", "not run: over the time budget")
             options["steps"] = steps
         config = config_from_options(options)
-        if self._cost(config, inputs) > max(self.left, 0) and not self._stored(config):
+        if self._cost(config, inputs) / workers > max(self.left, 0) and not self._stored(config):
             return AttackOutcome(attack, "skipped", "not run: over the time budget")
         name = f"{label},attack={attack}"
         cell = Cell(name, {"setup": label, "attack": attack}, options, config)
@@ -222,7 +91,7 @@ class _Auditor:
         stored = self._stored(config)
         begun = time.perf_counter()
         try:
-            record, done = self._run(cell, inputs)
+            record, done = self._run(cell, inputs, workers)
         except GradleakError as exc:
             return AttackOutcome(attack, "failed", str(exc), seconds=time.perf_counter() - begun)
         seconds = time.perf_counter() - begun
@@ -235,19 +104,23 @@ class _Auditor:
             return AttackOutcome(attack, "refused", why + cut, seconds=seconds, steps=steps)
         return AttackOutcome(attack, "ran", _why(attack, record) + cut, leakage, seconds, steps)
 
-    def _run(self, cell: Cell, inputs: int) -> tuple[Record, int]:
-        """Attack the cell's updates one more at a time while the budget lasts (the first
-        always): its record over the updates done, and their number. An attack's time is
-        checked between updates, so the budget is overrun by one update at most."""
-        store = self.database.cell_results(cell, "cpu")
-        record = runner.run(cell.config, limit=1, store=store)
-        done = 1
-        while done < inputs and self.left > 0:
-            done += 1
-            record = runner.run(
-                cell.config, limit=done, store=self.database.cell_results(cell, "cpu")
-            )
+    def _run(self, cell: Cell, inputs: int, workers: int = 1) -> tuple[Record, int]:
+        """Attack the cell's updates ``workers`` more at a time (one a worker) while the budget
+        lasts (the first ones always): its record over the updates done, and their number.
+        The time is checked between rounds of updates, so the budget is overrun by one round
+        at most."""
+        done = 0
+        while done == 0 or (done < inputs and self.left > 0):
+            done = min(inputs, done + workers)
+            record = runner.run(cell.config, limit=done, workers=workers, stack=1,
+                                store=self.database.cell_results(cell, "cpu"))  # fmt: skip
         return record, done
+
+    def _workers(self, config: RunConfig, inputs: int) -> int:
+        """The worker processes the run's plan gives an attack of ``inputs`` updates here (the
+        same rule as a run's: :mod:`gradleak.running.plan`)."""
+        work = Workload(inputs, input_seconds(config), False, config.attack.name, 0)
+        return plan_run(work, "cpu", stack=1).workers
 
     def _stored(self, config: RunConfig) -> bool:
         """Whether an earlier audit finished this run already (it costs nothing now)."""
@@ -387,6 +260,10 @@ def run_audit(
         setup, path = read_setup(setup)
         name = setup.name or path.stem
     name = setup.name or name
+    try:  # the file's stem, or a setup built without validation, is checked as name: is
+        check_folder_name(name)
+    except ValueError as exc:
+        raise GradleakError(f"{exc}: give the setup a name:") from None
     config_from_options({**setup.setup, "attack": "dager"})  # the setup itself is valid
     folder = Path(out) if out is not None else Path("runs") / f"audit-{name}"
     auditor = _Auditor(setup, folder, budget_s, say or (lambda _message: None))

@@ -7,13 +7,19 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 from gradleak.attacks.registry import ATTACKS
-from gradleak.cli.console import console, err_console, fail
+from gradleak.cli.console import console, err_console, fail, shown
 from gradleak.cli.parameters import attack_command_parameters
 from gradleak.cli.show import print_record
 from gradleak.errors import GradleakError, GradleakNotice, PluginWarning
+
+if TYPE_CHECKING:
+    from gradleak.running.plan import RunPlan
 
 
 def attack(**options: Any) -> None:
@@ -23,29 +29,53 @@ def attack(**options: Any) -> None:
     """  # noqa: E501  one paragraph: the help reflows it
     from gradleak.api.runs import attack as gradleak_attack
 
-    workers, out = options.pop("workers"), options.pop("out")
-    stack = options.pop("stack") or 1
-    backend = options.pop("backend") or "processes"
+    out, backend = options.pop("out"), options.pop("backend") or "processes"
     try:
-        with warnings.catch_warnings():  # the notices are printed below, with the record
-            warnings.simplefilter("ignore", GradleakNotice)
-            record = gradleak_attack(
-                out=out,
-                workers=1 if workers is None else workers,
-                stack=stack,
-                backend=backend,
-                **options,
-            )
+        with warnings.catch_warnings(record=True) as caught:  # printed below, with the record
+            warnings.simplefilter("always", GradleakNotice)
+            record = gradleak_attack(out=out, backend=backend, on_plan=print_plan, **options)
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_record(record)
-    for notice in record.notices:
-        err_console.print(f"[yellow]notice:[/] {notice}", highlight=False, soft_wrap=True)
-    if out:
-        console.print(f"record written to {out}")
     errors = [s.error for s in record.samples if s.failed]
-    if errors and len(errors) == len(record.samples):
+    nothing = errors and len(errors) == len(record.samples)
+    said = [str(w.message) for w in caught if issubclass(w.category, GradleakNotice)]
+    for warning in caught:  # other warnings as they would have shown
+        if not issubclass(warning.category, GradleakNotice):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)  # fmt: skip
+    for notice in dict.fromkeys([*record.notices, *said]):  # the run's, and its parts' (LTI's)
+        if not (nothing and notice == f"no input could be attacked: {errors[0]}"):
+            err_console.print(f"[yellow]notice:[/] {shown(notice)}", highlight=False,
+                              soft_wrap=True)  # fmt: skip
+    if out:
+        console.print(f"record written to {shown(out)}")
+    if nothing:
         raise fail(errors[0])  # nothing could be attacked: say why in one line
+
+
+def replay(
+    record: Annotated[Path, typer.Argument(help="a record `gradleak attack --out` wrote")],
+    out: Annotated[Path | None, typer.Option(help="write the new record here (resumable)")] = None,
+) -> None:
+    """Run a record's scenario and attack again with its plan (workers, threads, stack,
+    device): on a CPU the same results come back."""
+    from gradleak.api.runs import replay as gradleak_replay
+
+    try:
+        again = gradleak_replay(record, out=out)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    print_record(again)
+    if out:
+        console.print(f"record written to {shown(out)}")
+
+
+def print_plan(plan: RunPlan) -> None:
+    """The run's plan, on stderr, before the first input is attacked, where it is more than
+    this process attacking one input at a time (as every run did before plans)."""
+    if plan.workers > 1 or plan.stack > 1:
+        err_console.print(shown(plan.text), highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -61,7 +91,7 @@ def plugins_reported() -> Iterator[None]:
             sys.exit(2)
     for warning in caught:
         if issubclass(warning.category, PluginWarning):
-            err_console.print(f"[yellow]warning:[/] {warning.message}", highlight=False,
+            err_console.print(f"[yellow]warning:[/] {shown(warning.message)}", highlight=False,
                               soft_wrap=True)  # fmt: skip
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename,

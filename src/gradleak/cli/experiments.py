@@ -13,15 +13,17 @@ import typer
 from rich.progress import TaskID
 from rich.table import Table
 
-from gradleak.cli.console import console, err_console, fail
-from gradleak.errors import GradleakError
+from gradleak.cli.console import console, err_console, fail, shown
+from gradleak.errors import GradleakError, one_line
 from gradleak.experiments.estimate import duration
+from gradleak.runtime.files import write_atomic
 from gradleak.runtime.progress import bars
 
 if TYPE_CHECKING:  # the commands import what they run when they run it
     from gradleak.experiments import ExperimentDatabase
     from gradleak.experiments.execute import Experiment, ExperimentRun, GridProgress
     from gradleak.experiments.utility import UtilityProgress
+    from gradleak.running.plan import RunPlan
 
 
 def run(
@@ -32,7 +34,10 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="list the cells and their cost; run nothing")
     ] = False,
-    workers: Annotated[int, typer.Option(help="inputs attacked at once, in processes")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="inputs attacked at once, in processes (default: planned per cell)"),
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps")] = "cpu",
     limit: Annotated[
         int | None, typer.Option(help="run at most the first N inputs of each cell")
@@ -40,10 +45,16 @@ def run(
     data_dir: Annotated[
         str | None, typer.Option(help="data folder of cells that set none (else env)")
     ] = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads of each process (default: planned)")
+    ] = None,
     stack: Annotated[
-        str, typer.Option(help="inputs optimized together in one batched pass: N or auto")
-    ] = "1",
+        str | None,
+        typer.Option(
+            help="inputs optimized together in one batched pass: N or auto "
+            "(default: planned per cell)"
+        ),
+    ] = None,
     backend: Annotated[
         str, typer.Option(help="what runs the workers: processes, or ray (Ray actors)")
     ] = "processes",
@@ -86,6 +97,7 @@ def run(
 
         with kept_global_state(threads), grid_progress(loaded.name) as (progress, utility):
             result = run_experiment(loaded, out, workers=workers, device=device, limit=limit,
+                                    threads=threads, on_plan=_print_cell_plan,
                                     progress=progress, utility_progress=utility,
                                     stack=stack, backend=backend, ray_address=ray_address,
                                     only=only, keep=keep)  # fmt: skip
@@ -96,18 +108,35 @@ def run(
         raise fail(f"{len(result.errors)} of {len(loaded.cells)} cells failed (see above)")
 
 
+def _print_cell_plan(cell: str, plan: RunPlan) -> None:
+    if plan.workers > 1 or plan.stack > 1:  # more than one input at a time in this process
+        err_console.print(f"{shown(cell)}: {shown(plan.text)}", highlight=False, soft_wrap=True)
+
+
+MAX_SET_CHARS = 1000  # one --set value: an option's, never a document
+
+
 def overrides_of(sets: list[str]) -> dict[str, object]:
     """``--set KEY=VALUE`` options by key, each value read as YAML reads one (``3`` a
-    number, ``null`` not given, ``'noise:sigma=0.01'`` text)."""
+    number, ``null`` not given, ``'noise:sigma=0.01'`` text); a value YAML would read with
+    aliases, or cannot read, is its text."""
     import yaml
 
     overrides: dict[str, object] = {}
     for given in sets:
         key, equals, text = given.partition("=")
         if not equals or not key.strip():
-            raise GradleakError(f"--set {given}: give KEY=VALUE, e.g. --set n_inputs=3")
+            raise GradleakError(
+                f"--set {one_line(given[:80])}: give KEY=VALUE, e.g. --set n_inputs=3"
+            )
+        if len(text) > MAX_SET_CHARS:
+            raise GradleakError(
+                f"--set {one_line(key[:40])}: a value of {len(text)} characters, over the "
+                f"{MAX_SET_CHARS} an option takes"
+            )
         try:
-            value = yaml.safe_load(text)
+            aliased = any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text))
+            value = text if aliased else yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
         overrides[key.strip()] = value
@@ -122,9 +151,9 @@ def show_plan(experiment: Experiment, out: Path | None, only: str | None = None)
 
     folder = out or experiment.default_out()
     planned = plan(experiment, folder, only)
-    shown = len(planned.cells)
-    count = f"{shown} of {len(experiment.cells)}" if shown < len(experiment.cells) else shown
-    table = Table(title=f"{experiment.name}: {count} cells -> {folder}")
+    chosen = len(planned.cells)
+    count = f"{chosen} of {len(experiment.cells)}" if chosen < len(experiment.cells) else chosen
+    table = Table(title=shown(f"{experiment.name}: {count} cells -> {folder}"))
     table.add_column("cell", overflow="fold")
     for column in ("attack", "model", "dataset", "B", "inputs done", "estimate"):
         table.add_column(column, justify="right" if column in ("B", "inputs done") else "left")
@@ -132,21 +161,21 @@ def show_plan(experiment: Experiment, out: Path | None, only: str | None = None)
         scenario = cell.config.scenario
         done = 0 if status is None else status.done
         cost = duration(estimate.seconds) + ("" if estimate.measured else " ~")
-        table.add_row(cell.name, cell.config.attack.name, scenario.model, scenario.data.dataset,
-                      str(scenario.data.batch_size), f"{done}/{scenario.data.n_inputs}",
-                      cost)  # fmt: skip
+        names = (cell.name, cell.config.attack.name, scenario.model, scenario.data.dataset)
+        table.add_row(*(shown(name) for name in names), str(scenario.data.batch_size),
+                      f"{done}/{scenario.data.n_inputs}", cost)  # fmt: skip
     console.print(table)
     dropped = sorted({f"{key} ({c.config.attack.name})" for c, _, _ in planned.cells
                       for key in c.dropped})  # fmt: skip
     if dropped:
-        console.print(f"not used by the attack of some cells: {', '.join(dropped)}")
+        console.print(shown(f"not used by the attack of some cells: {', '.join(dropped)}"))
     console.print(
         f"{planned.remaining_inputs} inputs to run, about {duration(planned.seconds)} on one "
         "CPU core (~: the attack's measured cost on a 2-core CPU, scaled; without ~: this "
         "cell's finished inputs). Nothing was run."
     )
     if experiment.kept is not None:
-        console.print(f"kept inputs: {experiment.kept} (taken in before anything runs)")
+        console.print(shown(f"kept inputs: {experiment.kept} (taken in before anything runs)"))
     if experiment.utility is not None:
         scenarios = {utility_key(c.config, experiment.utility) for c, _, _ in planned.cells}
         console.print(f"then {len(scenarios)} utility fine-tuning(s), one per distinct scenario "
@@ -157,26 +186,28 @@ def show_plan(experiment: Experiment, out: Path | None, only: str | None = None)
 def grid_progress(name: str) -> Iterator[tuple[GridProgress, UtilityProgress]]:
     """Bars on stderr: the grid's cells and its inputs (with the ETA), then the utility
     fine-tunings when the experiment asks for them."""
-    with bars(err_console) as shown:
-        cells = shown.add_task(f"{name}: cells", total=None)
-        inputs = shown.add_task("inputs", total=None)
+    with bars(err_console) as progress:
+        cells = progress.add_task(shown(f"{name}: cells"), total=None)
+        inputs = progress.add_task("inputs", total=None)
         fine_tunings: list[TaskID] = []
 
         def advance(index: int, count: int, done: int, total: int, cell: str) -> None:
-            shown.update(cells, completed=index, total=count)
-            shown.update(inputs, completed=done, total=total, description=f"inputs of {cell}")
+            progress.update(cells, completed=index, total=count)
+            progress.update(inputs, completed=done, total=total,
+                            description=shown(f"inputs of {cell}"))  # fmt: skip
 
         def utility(done: int, total: int, scenario: str) -> None:
             if not fine_tunings:
-                fine_tunings.append(shown.add_task("utility", total=total))
-            shown.update(fine_tunings[0], completed=done, description=f"utility: {scenario}")
+                fine_tunings.append(progress.add_task("utility", total=total))
+            progress.update(fine_tunings[0], completed=done,
+                            description=shown(f"utility: {scenario}"))  # fmt: skip
 
         yield advance, utility
 
 
 def show_result(experiment: Experiment, result: ExperimentRun) -> None:
     """Each cell's scores, or why it failed."""
-    table = Table(title=f"{experiment.name} -> {result.folder}")
+    table = Table(title=shown(f"{experiment.name} -> {result.folder}"))
     table.add_column("cell", overflow="fold")
     for column in ("inputs", "R-1", "R-2", "exact %", "s/input"):
         table.add_column(column, justify="right")
@@ -184,11 +215,12 @@ def show_result(experiment: Experiment, result: ExperimentRun) -> None:
         if cell.name not in result.records and cell.name not in result.errors:
             continue  # not chosen (--only)
         if cell.name in result.errors:
-            table.add_row(cell.name, "", f"[red]{result.errors[cell.name]}[/]", "", "", "")
+            error = shown(result.errors[cell.name])
+            table.add_row(shown(cell.name), "", f"[red]{error}[/]", "", "", "")
             continue
         record = result.records.get(cell.name)
         if record is None:
-            table.add_row(cell.name, "part-way", "", "", "", "")
+            table.add_row(shown(cell.name), "part-way", "", "", "", "")
             continue
         strict = record.metrics.strict
         seconds = record.timing.attack_s / max(1, len(record.samples))
@@ -197,19 +229,19 @@ def show_result(experiment: Experiment, result: ExperimentRun) -> None:
             if strict is None
             else (f"{strict.rouge1:.1f}", f"{strict.rouge2:.1f}", f"{strict.exact_match:.1f}")
         )
-        table.add_row(cell.name, str(len(record.samples)), *scores, f"{seconds:.1f}")
+        table.add_row(shown(cell.name), str(len(record.samples)), *scores, f"{seconds:.1f}")
     console.print(table)
     sources = sorted({str(source.parent if source.is_file() else source)
                       for source in result.adopted.values()})  # fmt: skip
     if result.adopted:
-        console.print(f"took in {len(result.adopted)} cells' earlier inputs from "
-                      f"{', '.join(sources)}")  # fmt: skip
+        console.print(shown(f"took in {len(result.adopted)} cells' earlier inputs from "
+                            f"{', '.join(sources)}"))  # fmt: skip
     if result.kept:
-        console.print(f"kept {len(result.kept)} cells' finished inputs in {experiment.kept}")
+        console.print(shown(f"kept {len(result.kept)} cells' finished inputs in {experiment.kept}"))
     for scenario, problem in result.utility_errors.items():
-        console.print(f"[red]utility of {scenario}: {problem}[/]")
+        console.print(f"[red]{shown(f'utility of {scenario}: {problem}')}[/]")
     console.print(
-        f"time: {duration(result.seconds)}; results in {result.folder / 'results.sqlite'}"
+        shown(f"time: {duration(result.seconds)}; results in {result.folder / 'results.sqlite'}")
     )
 
 
@@ -237,19 +269,23 @@ def export(
     if out is None:
         print(text, end="")
         return
-    out.write_text(text, encoding="utf-8")
-    err_console.print(f"record written to {out}")
+    try:
+        write_atomic(out, text)
+    except GradleakError as exc:
+        raise fail(str(exc)) from None
+    err_console.print(f"record written to {shown(out)}")
 
 
 def show_cells(database: ExperimentDatabase) -> None:
     """The cells a results database holds and how far each got."""
-    table = Table(title=f"cells in {database.folder}")
+    table = Table(title=shown(f"cells in {database.folder}"))
     table.add_column("cell", overflow="fold")
     for column in ("inputs done", "failed", "finished"):
         table.add_column(column)
     for status in database.statuses():
         finished = "yes" if status.finished else "no"
-        table.add_row(status.name, f"{status.done}/{status.wanted}", str(status.failed), finished)
+        table.add_row(shown(status.name), f"{status.done}/{status.wanted}", str(status.failed),
+                      finished)  # fmt: skip
     console.print(table)
 
 
@@ -270,7 +306,7 @@ def report(
         path = write_report(results, out, fmt)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    console.print(f"report written to {path}")
+    console.print(f"report written to {shown(path)}")
 
 
 def audit(
@@ -317,4 +353,4 @@ def audit(
     except GradleakError as exc:
         raise fail(str(exc)) from None
     print_audit(result, console)
-    console.print(f"wrote {page} and {report}")
+    console.print(shown(f"wrote {page} and {report}"))

@@ -14,11 +14,12 @@ from typing import Annotated
 import typer
 
 from gradleak.cli import experiments, flower, listings
-from gradleak.cli.attack import attack
-from gradleak.cli.console import console, fail
+from gradleak.cli.attack import attack, replay
+from gradleak.cli.console import console, fail, shown
 from gradleak.cli.show import print_record
 from gradleak.cli.utility import utility
 from gradleak.errors import GradleakError
+from gradleak.runtime.files import write_atomic
 from gradleak.runtime.tuning import tune_process
 
 app = typer.Typer(
@@ -48,12 +49,16 @@ def demo(
     except GradleakError as exc:
         raise fail(str(exc)) from None
     if out:
-        with open(out, "w", encoding="utf-8") as handle:
-            json.dump([record.to_json() for record in records], handle, indent=2)
-        console.print(f"records written to {out}")
+        text = json.dumps([record.to_json() for record in records], indent=2) + "\n"
+        try:
+            write_atomic(out, text)
+        except GradleakError as exc:
+            raise fail(str(exc)) from None
+        console.print(f"records written to {shown(out)}")
 
 
 app.command()(attack)
+app.command()(replay)
 app.command()(utility)
 app.command("run")(experiments.run)
 app.command()(experiments.export)

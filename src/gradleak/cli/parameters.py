@@ -21,12 +21,23 @@ from gradleak.config.options import (
 
 RUN_PANEL = "Run"
 
-# Options of the run that are not part of its config. Threads and workers change a result at
-# most in the last bits of rounding; a device other than the CPU can change more (a GPU draws
-# dropout masks from its own generator), so a part-way run resumes only on its own device.
+# Options of the run that are not part of its config. Threads, workers and stacks change a
+# result at most in the last bits of rounding; a device other than the CPU can change more (a
+# GPU draws dropout masks from its own generator), so a part-way run resumes only on its own
+# device. Left out, threads, workers and stack are planned (gradleak.running.plan).
 RUN_OPTIONS: tuple[tuple[str, type, str], ...] = (
-    ("threads", int, "torch CPU threads (per process; the default: torch's)"),
-    ("workers", int, "inputs attacked at once, in processes sharing the threads (default: 1)"),
+    (
+        "threads",
+        int,
+        "torch CPU threads of each process (default: planned, an equal share of the cores "
+        "for several workers, else torch's own)",
+    ),
+    (
+        "workers",
+        int,
+        "inputs attacked at once, in worker processes (default: planned from the inputs, "
+        "their cost and the cores; 1: this process only)",
+    ),
     (
         "device",
         str,
@@ -37,7 +48,7 @@ RUN_OPTIONS: tuple[tuple[str, type, str], ...] = (
         str,
         "inputs whose updates DLG/TAG/LAMP optimize together in one batched pass (results as "
         "one by one up to rounding): a number, or auto to pick from the machine and the "
-        "lengths (default: 1)",
+        "lengths (default: planned; 1: one by one)",
     ),
     (
         "backend",

@@ -186,17 +186,19 @@ def run_experiment(
     experiment: Experiment | str | Path,
     out: str | Path | None = None,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     device: str = "cpu",
     limit: int | None = None,
     data_dir: str | None = None,
-    stack: int | str = 1,
+    stack: int | str | None = None,
     backend: str = "processes",
     ray_address: str | None = None,
     progress: GridProgress | None = None,
     utility_progress: UtilityProgress | None = None,
     only: str | None = None,
     keep: bool = False,
+    threads: int | None = None,
+    on_plan: Callable[[str, Any], None] | None = None,
 ) -> ExperimentRun:
     """Run every cell of an experiment, keeping each finished input in
     ``out/results.sqlite``: ``gradleak run``.
@@ -227,6 +229,9 @@ def run_experiment(
         only: Run only the cells whose name contains this.
         keep: Then write every cell's finished inputs to the file's ``kept:`` folder
             (replacing what was kept of each).
+        threads: As ``gradleak.attack``: each process's torch threads (None: planned).
+        on_plan: Called with each cell's name and its run plan before its inputs are
+            attacked.
 
     Returns:
         The :class:`ExperimentRun`: the folder, each cell's record (None for a cell left
@@ -262,7 +267,8 @@ def run_experiment(
             database.cell_results(cell, device).start()
         result.adopted = adopt_earlier(database, experiment.cells, experiment.kept)
         run_cells(chosen, database, result, workers=workers, device=device, limit=limit,
-                  progress=progress, stack=stack, backend=backend,
+                  progress=progress, stack=stack, backend=backend, threads=threads,
+                  on_plan=on_plan,
                   ray_address=ray_address)  # fmt: skip
         for cell in chosen:
             if cell.name in result.errors:
@@ -284,13 +290,15 @@ def run_cells(
     database: ExperimentDatabase,
     result: ExperimentRun,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     device: str = "cpu",
     limit: int | None = None,
     progress: GridProgress | None = None,
-    stack: int | str = 1,
+    stack: int | str | None = None,
     backend: str = "processes",
     ray_address: str | None = None,
+    threads: int | None = None,
+    on_plan: Callable[[str, Any], None] | None = None,
 ) -> None:
     """Run ``cells`` in order into ``database``, adding each one's record (or its error) to
     ``result``: the loop of :func:`run_experiment`, for callers that make their own cells."""
@@ -310,9 +318,11 @@ def run_cells(
             done_before += counted
             continue
         store = database.cell_results(cell, device)
+        heard = None if on_plan is None else (lambda plan, name=cell.name: on_plan(name, plan))
         try:
             record = runner.run(cell.config, progress=report, workers=workers, device=device,
                                 limit=limit, store=store, stack=stack, backend=backend,
+                                threads=threads, on_plan=heard,
                                 ray_address=ray_address)  # fmt: skip
         except GradleakError as exc:
             result.errors[cell.name] = str(exc)

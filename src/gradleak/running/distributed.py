@@ -118,6 +118,18 @@ def worker_name(index: int) -> str:
     return f"gradleak-worker-{index}"
 
 
+def check_cpus(cluster_cpus: float, actors: int, threads: int) -> None:
+    """Refuse actors the cluster cannot hold all at once: Ray would keep the ones that do not
+    fit pending, and the blocks handed to them would wait for ever."""
+    if actors * threads <= cluster_cpus:
+        return
+    raise GradleakError(
+        f"{actors} Ray worker{'s' if actors > 1 else ''} of {threads} thread"
+        f"{'s' if threads > 1 else ''} each need {actors * threads} CPUs, and the Ray cluster "
+        f"has {cluster_cpus:g}: lower --workers or --threads"
+    )
+
+
 def attack_on_ray(
     config: RunConfig,
     blocks: list[list[int]],
@@ -132,6 +144,8 @@ def attack_on_ray(
     from ray.util import ActorPool
 
     connect(address)
+    actors_wanted = min(workers, len(blocks))
+    check_cpus(ray.cluster_resources().get("CPU", 0), actors_wanted, threads)
     remote = ray.remote(
         num_cpus=threads,
         max_restarts=RETRIES,
@@ -142,7 +156,7 @@ def attack_on_ray(
         remote.options(name=worker_name(i), namespace=NAMESPACE, lifetime=None).remote(
             config, threads, device
         )
-        for i in range(min(workers, len(blocks)))
+        for i in range(actors_wanted)
     ]
     pool = ActorPool(actors)
     try:

@@ -14,6 +14,7 @@ from gradleak.config import RunConfig
 from gradleak.errors import GradleakError, MissingDependencyError
 from gradleak.evaluation import metrics
 from gradleak.registry.plugins import Origin
+from gradleak.running.plan import RunPlan
 
 if TYPE_CHECKING:
     import pandas
@@ -166,6 +167,7 @@ class Record(BaseModel):
     device: str = "cpu"  # where the run computed (records written before devices: the CPU)
     notices: list[str] = Field(default_factory=list)  # options ignored, and why
     provenance: Provenance | None = None  # None in records written before it was recorded
+    plan: RunPlan | None = None  # None in records written before runs were planned
 
     @property
     def scored(self) -> list[SampleResult]:

@@ -18,7 +18,9 @@ from gradleak.attacks.base import Attack
 from gradleak.config import RunConfig
 from gradleak.defenses import DEFENSES
 from gradleak.errors import GradleakError
+from gradleak.running.cost import input_seconds
 from gradleak.running.distributed import attack_on_ray, check_backend
+from gradleak.running.plan import RunPlan, Workload, plan_run
 from gradleak.running.recipe import Prepared, attack_inputs, describe_scenario, prepare
 from gradleak.running.record import Provenance, Record, public_sample, summarize
 from gradleak.running.store import Results, ResultStore
@@ -29,6 +31,10 @@ from gradleak.version import __version__
 
 # Called after every finished input: (inputs done, inputs wanted, the stored sample).
 Progress = Callable[[int, int, dict[str, Any]], None]
+# Processes (or Ray actors) attacking at once: each holds a model and an attack, so more than
+# a large machine's cores (or a cluster's actors) only queue; a slip such as 10000 would
+# start that many processes.
+MAX_WORKERS = 256
 
 
 def run(
@@ -36,12 +42,14 @@ def run(
     out: str | None = None,
     progress: Progress | None = None,
     limit: int | None = None,
-    workers: int = 1,
+    workers: int | None = 1,
     device: torch.device | str = "cpu",
     store: Results | None = None,
-    stack: int | str = 1,
+    stack: int | str | None = 1,
     backend: str = "processes",
     ray_address: str | None = None,
+    threads: int | None = None,
+    on_plan: Callable[[RunPlan], None] | None = None,
 ) -> Record:
     """Run ``config`` and return its record (also written to ``out`` when given).
 
@@ -49,8 +57,11 @@ def run(
     ``out`` keeps them as a part-way run that a later call resumes (a long table can be filled
     a few inputs per cell at a time, every cell comparable, none redone).
 
-    ``workers`` > 1 attacks that many inputs at once in separate processes, splitting the
-    torch threads between them (see :func:`attack_in_workers`).
+    ``workers``, ``threads`` and ``stack`` are the run's plan (:mod:`gradleak.running.plan`):
+    None plans that part from the inputs, the cores and the device, and ``on_plan`` hears the
+    plan before any input is attacked. ``workers`` > 1 attacks that many inputs at once in
+    separate processes (see :func:`attack_in_workers`), at most :data:`MAX_WORKERS`, each with
+    ``threads`` torch threads (None: an equal share of this process's).
 
     ``device`` is where the model, the clients' rounds and the attack compute (``cpu``,
     ``cuda``, ``cuda:N``, ``mps``); a part-way run resumes only on the device it began on.
@@ -65,9 +76,14 @@ def run(
     done (:func:`stack_blocks`), so a resumed run stacks as the first one did."""
     if limit is not None and limit < 1:
         raise GradleakError(f"limit must be at least 1 input, got {limit}")
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise GradleakError(f"workers must be at least 1 (1: one input at a time), got {workers}")
-    stack = requested_stack(stack)
+    if workers is not None and workers > MAX_WORKERS:
+        raise GradleakError(
+            f"workers must be at most {MAX_WORKERS} (each is a process holding the model), "
+            f"got {workers}"
+        )
+    stack = None if stack is None else requested_stack(stack)
     check_backend(backend)
     total_start = time.perf_counter()
     device = resolve_device(device)
@@ -81,15 +97,26 @@ def run(
     for count, index in enumerate(sorted(done), 1):
         if progress:
             progress(count, len(wanted), done[index])
-    size = stack_size(stack, prepared, device, len(wanted), workers)
+    plan = plan_run(
+        workload(config, prepared, len(wanted)),
+        str(device),
+        workers=workers,
+        threads=threads,
+        stack=stack,
+        backend=backend,
+        auto_stack=lambda count: stack_size("auto", prepared, device, len(wanted), count),
+    )
+    if on_plan is not None:
+        on_plan(plan)
     blocks = [
         block
-        for whole in stack_blocks(prepared, len(wanted), size)
+        for whole in stack_blocks(prepared, len(wanted), plan.stack)
         if (block := [i for i in whole if i not in done])
     ]
     on_ray = backend == "ray" and bool(blocks)
-    parallel = on_ray or (workers > 1 and len(blocks) > 1)
-    threads = worker_threads(workers) if parallel else torch.get_num_threads()
+    parallel = on_ray or (plan.workers > 1 and len(blocks) > 1)
+    workers = plan.workers
+    threads = (plan.threads or worker_threads(workers)) if parallel else torch.get_num_threads()
     if parallel:
         check_workers_can_build(config)
         # each worker loads its own prior: this process's copy would only hold memory
@@ -101,7 +128,7 @@ def run(
         if on_ray:
             new_samples = attack_on_ray(config, blocks, workers, threads, str(device), ray_address)
         else:
-            new_samples = attack_in_workers(config, blocks, workers, device)
+            new_samples = attack_in_workers(config, blocks, workers, device, threads)
     else:
         new_samples = (s for block in blocks for s in attack_inputs(config, prepared, block))
     for sample in new_samples:
@@ -113,11 +140,37 @@ def run(
     total_s = time.perf_counter() - total_start
     record = build_record(
         config, prepared, samples, total_s, threads, workers if parallel else 1, str(device),
-        backend if on_ray else "processes",
+        backend if on_ray else "processes", plan,
     )  # fmt: skip
     if len(samples) == len(prepared.batches):
         store.finish(record.to_json())
     return record
+
+
+def workload(config: RunConfig, prepared: Prepared, inputs: int) -> Workload:
+    """What the plan is chosen for: ``inputs`` of this run's, their rough cost, and what a
+    worker would hold."""
+    attack = prepared.attack
+    return Workload(
+        inputs=inputs,
+        seconds_per_input=input_seconds(config),
+        stacks=type(attack).run_many is not Attack.run_many,
+        attack=config.attack.name,
+        model_parameters=sum(p.numel() for p in prepared.victim.model.parameters()),
+        held_parameters=attack.held_parameters(),
+    )
+
+
+def stacking_notice(samples: list[dict[str, Any]]) -> list[str]:
+    """The record's line where inputs were optimized together: equal to one by one up to the
+    order of floating-point sums."""
+    most = max((s.get("stacked", 1) for s in samples), default=1)
+    if most <= 1:
+        return []
+    return [
+        f"up to {most} inputs were optimized together in one stacked pass (--stack): each "
+        "input's result is its one-by-one result up to the order of floating-point sums"
+    ]
 
 
 # --- stacking ----------------------------------------------------------------------------------
@@ -193,6 +246,7 @@ def build_record(
     workers: int = 1,
     device: str = "cpu",
     backend: str = "processes",
+    plan: RunPlan | None = None,
 ) -> Record:
     """The record of stored samples (as ``recipe.attack_input`` returns them)."""
     dropout = prepared.victim.adapter.dropout_rate(prepared.victim.model)
@@ -216,8 +270,9 @@ def build_record(
         workers=workers,
         backend=backend,
         device=device,
-        notices=prepared.notices,
+        notices=prepared.notices + stacking_notice(samples),
         provenance=provenance(config),
+        plan=plan,
     )
 
 
@@ -287,16 +342,20 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
 
 
 def attack_in_workers(
-    config: RunConfig, blocks: list[list[int]], workers: int, device: torch.device | str = "cpu"
+    config: RunConfig,
+    blocks: list[list[int]],
+    workers: int,
+    device: torch.device | str = "cpu",
+    threads: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Attack ``blocks`` of inputs (one block per call of the attack) in ``workers`` spawned
     processes, yielding samples as each block finishes (so the store keeps them at once). Each
-    worker loads the models once and gets an equal share of this process's torch threads (at
-    least one).
+    worker loads the models once and runs ``threads`` torch threads (None: an equal share of
+    this process's, at least one).
 
     An error or an interrupt stops the workers at once: the inputs they were on are lost either
     way, and waiting for them would only hold the cores."""
-    threads = worker_threads(workers)
+    threads = threads or worker_threads(workers)
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
     before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(

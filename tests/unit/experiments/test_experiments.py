@@ -687,3 +687,36 @@ def test_cli_only_set_and_keep(tmp_path):
     assert dry.exit_code == 0 and "1 inputs to run" in dry.output, dry.output
     bad = cli.invoke(app, ["run", str(path), "--set", "n_inputs"])
     assert bad.exit_code == 2 and "--set n_inputs: give KEY=VALUE" in bad.output
+
+
+def test_a_reader_finds_an_older_layouts_cells_and_only_a_writer_migrates_them(tmp_path):
+    """``create=False`` opens the file read-only: it writes nothing (not the re-keying of an
+    older layout, which it does in memory) and a write through it raises."""
+    from gradleak.experiments.database import cell_key
+
+    path, out = fast_experiment(tmp_path), tmp_path / "run"
+    run_experiment(path, out)
+    db = sqlite3.connect(out / "results.sqlite")
+    with db:  # as an older version keyed them
+        db.execute("UPDATE cells SET key = 'old-' || key")
+        db.execute("UPDATE samples SET cell = 'old-' || cell")
+    db.close()
+    database = out / "results.sqlite"
+    before = database.read_bytes()
+    cells = load_experiment(path).cells
+    with ExperimentDatabase(out, create=False) as reader:
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader._connection.execute("INSERT INTO meta VALUES ('written', 'by a reader')")
+        with pytest.raises(GradleakError, match="opened to read"):
+            reader.set_meta("written", "by a reader")
+        status = reader.status(cells[1])
+        assert status is not None and status.key == cell_key(cells[1])
+        assert (status.name, status.done, status.finished) == ("batch_size=2", 2, True)
+        assert len(reader.samples(status.key)) == 2
+        assert reader.record(status.key).config.scenario.data.batch_size == 2
+        assert json.loads(reader.cell_config(status.key))["scenario"]["data"]["batch_size"] == 2
+    assert plan(load_experiment(path), out).remaining_inputs == 0
+    assert database.read_bytes() == before  # (SQLite's own -shm and -wal files aside)
+    with ExperimentDatabase(out) as writer:
+        keys = {row[0] for row in writer._connection.execute("SELECT key FROM cells")}
+    assert keys == {cell_key(cell) for cell in cells}

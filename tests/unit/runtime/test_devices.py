@@ -23,7 +23,7 @@ from gradleak.errors import GradleakError
 from gradleak.running import recipe, runner
 from gradleak.running.store import ResultStore
 from gradleak.runtime import devices
-from tests.golden.cases import CELLS, matches_golden, result_of
+from tests.golden.cases import CELLS, command, matches_golden, result_of
 from tests.helpers import GOLDEN
 
 HAS_CUDA = torch.cuda.is_available()
@@ -44,7 +44,7 @@ def meta_default_device(monkeypatch):
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_no_golden_run_makes_a_tensor_on_a_fixed_device(name, tmp_path, meta_default_device):
     out = tmp_path / "record.json"
-    result = CliRunner().invoke(app, ["attack", *CELLS[name], "--out", str(out)])
+    result = CliRunner().invoke(app, ["attack", *command(name), "--out", str(out)])
     assert result.exit_code == 0, result.output
     expected = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     assert matches_golden(result_of(json.loads(out.read_text(encoding="utf-8"))), expected)
@@ -178,7 +178,7 @@ def test_random_draws_do_not_depend_on_the_device():
 @pytest.mark.parametrize("name", ["dager_gpt2", "dager_bert", "dager_llama_causal"])
 def test_dager_on_cuda_gives_the_cpu_record(name, tmp_path):
     out = tmp_path / "record.json"
-    args = ["attack", *CELLS[name], "--device", "cuda", "--out", str(out)]
+    args = ["attack", *command(name), "--device", "cuda", "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text(encoding="utf-8"))

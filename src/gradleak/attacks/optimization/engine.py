@@ -100,6 +100,11 @@ class OptimizationAttack(Attack[OptimizationSettings]):
     def release(self) -> None:
         self._prior_model = None
 
+    def held_parameters(self) -> int:
+        if self._prior_model is None:
+            return 0
+        return sum(p.numel() for p in self._prior_model[0].parameters())
+
     def prior_for(self, knowledge: ServerKnowledge) -> LanguagePrior | None:
         """The prior, speaking the victim's vocabulary; None when the settings use none."""
         if not self.settings.uses_prior:
