@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -14,6 +14,9 @@ from gradleak.errors import GradleakError
 from gradleak.runtime.files import write_atomic
 from gradleak.runtime.progress import progress_bar
 from gradleak.scenario.checks import check_scenario
+
+if TYPE_CHECKING:
+    from gradleak.evaluation.canary_audit import EmpiricalPrivacy
 
 
 def utility(**options: Any) -> None:
@@ -43,6 +46,8 @@ def utility(**options: Any) -> None:
     for r, values in zip(result.rounds, result.metrics, strict=True):
         table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
     console.print(table)
+    if result.privacy:
+        print_privacy(result.privacy)
     console.print(f"time: {result.seconds:.1f} s")
     if out:
         text = json.dumps(utility_record(config, settings, result), indent=2) + "\n"
@@ -51,6 +56,37 @@ def utility(**options: Any) -> None:
         except GradleakError as exc:
             raise fail(str(exc)) from None
         console.print(f"record written to {shown(out)}")
+
+
+def print_privacy(privacy: EmpiricalPrivacy) -> None:
+    """The canaries' measured epsilon, per round and over the run, beside the most as many
+    canaries could show."""
+    overall = privacy.overall
+    table = Table(
+        title=f"measured epsilon: {privacy.canaries} canary clients, lower bounds at "
+        f"{overall.confidence:.0%} confidence, delta {overall.delta:g}"
+    )
+    for name in ("round", "canaries", "inserted", "GDP eps", "(eps, delta)", "at most", "AUROC"):
+        table.add_column(name, justify="right")
+    rows = [(str(r + 1), summary) for r, summary in enumerate(privacy.rounds)]
+    for label, summary in [*rows, ("all", overall)]:
+        if summary is None:
+            table.add_row(label, *["-"] * 6)
+            continue
+        table.add_row(
+            label,
+            str(summary.canaries),
+            str(summary.inserted),
+            f"{summary.gdp_epsilon:.2f}",
+            f"{summary.epsilon:.2f}",
+            f"{summary.ceiling:.2f}",
+            f"{summary.auroc:.3f}",
+        )
+    console.print(table)
+    if overall.gdp_epsilon >= 0.99 * overall.ceiling:
+        console.print(
+            "the bound is the most these canaries can show: more canaries would show more"
+        )
 
 
 utility_command_parameters(utility)

@@ -35,3 +35,16 @@ class UtilitySettings(BaseModel):
     eval_every: int = Field(
         1, ge=1, description="score the dev data every N rounds (and after the last)"
     )
+    canaries: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="canary clients: each inserted by a fair coin into one round and scored "
+        "by its cosine with that round's aggregate, for a measured epsilon (0: none)",
+    )
+    canary_norm: float | None = Field(
+        None,
+        gt=0,
+        description="the norm of a canary's update (default: the median norm of round 1's "
+        "real updates)",
+    )

@@ -57,10 +57,20 @@ def defended_update(
 ) -> UpdatePayload:
     """One client's update on ``batch`` with its own ``defenses``: per-sample ones (DP-SGD)
     inside its steps, per-update ones on the result; (its seed, its defenses' seed)."""
+    return client_round(global_model, batch, defenses, seeds)[1]
+
+
+def client_round(
+    global_model: GlobalModel,
+    batch: EncodedBatch,
+    defenses: Sequence[Defense],
+    seeds: tuple[int, int],
+) -> tuple[UpdatePayload, UpdatePayload]:
+    """:func:`defended_update`'s update before its per-update defenses, and after them."""
     client_seed, defense_seed = seeds
     generator = torch.Generator().manual_seed(defense_seed)
     update = compute_update(global_model, batch, client_seed, defenses, generator=generator)
-    return apply_update_defenses(update, defenses, generator)
+    return update, apply_update_defenses(update, defenses, generator)
 
 
 def __getattr__(name: str) -> object:

@@ -3,19 +3,22 @@ client code as the attack scenarios, then dev-split metrics.
 
 Each of R rounds samples K clients' private batches (n_k examples each, in LAMP's order of the
 training split, no example used twice), runs every client's round with the scenario's
-protocol and its own defenses (``defenses.round.defended_update``), and the server steps its
+protocol and its own defenses (``defenses.round.client_round``), and the server steps its
 optimizer with the mean update as the gradient (FedOpt, Reddi et al. 2021): plain SGD by
 default, which adds a FedAvg delta (server learning rate 1) and steps against a FedSGD gradient
 with the protocol's learning rate, or Adam (FedAdam). The server's optimizer does not change
 what a client sends, so it leaves the leakage as it is. Classification reports
 accuracy, F1 of class 1 and Matthews' correlation; causal LM the perplexity of the dev texts.
+With ``canaries``, canary clients take part in the rounds and the run also measures epsilon
+(:mod:`gradleak.evaluation.canary_audit`); the dev metrics are then those of the model the
+canaries took part in.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +28,11 @@ from gradleak.config import RunConfig
 from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.data import Example, load_examples, natural_task, require_chunkable, sample_batches
 from gradleak.defenses import build_defenses
-from gradleak.defenses.round import defended_update, split_at_combination
+from gradleak.defenses.base import Defense
+from gradleak.defenses.round import client_round, split_at_combination
 from gradleak.errors import GradleakError
+from gradleak.evaluation.canary_audit import CanaryAudit, EmpiricalPrivacy, update_norm
+from gradleak.federated.canaries import CanaryClients
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.payload import UpdatePayload
 from gradleak.models.loading import Victim, load_victim
@@ -38,6 +44,7 @@ from gradleak.scenario.examples import chunked
 from gradleak.version import __version__
 
 UTILITY_STREAM = 1000  # seed streams of the fine-tuning's clients, apart from the attacks'
+CANARY_STREAM = 2000  # the canary clients' seed
 
 
 @dataclass
@@ -49,6 +56,7 @@ class UtilityResult:
     metrics: list[dict[str, float]]
     seconds: float
     device: str = "cpu"
+    privacy: EmpiricalPrivacy | None = None  # what the canary clients measured, if any
 
     @property
     def final(self) -> dict[str, float]:
@@ -76,11 +84,12 @@ def measure_utility(
 
     Returns:
         The :class:`UtilityResult`: the dev metrics after round 0 (before fine-tuning) and
-        after each round scored.
+        after each round scored, and the canaries' measured epsilon with ``canaries``.
 
     Raises:
         GradleakError: Question answering, an across-clients defense (set ``clients``
-            instead), or training data too small for rounds x clients x samples.
+            instead), training data too small for rounds x clients x samples, or canaries
+            beside a per-sample defense.
     """
     started = time.perf_counter()
     placed = resolve_device(device)
@@ -97,6 +106,7 @@ def measure_utility(
             f"utility runs {settings.clients} clients per round itself: drop {combining.name} "
             "from --defense and set --clients"
         )
+    audit = _canary_audit(config, settings, own)
     victim = load_victim(scenario.model, task, seed=config.seed)
     train = chunked(train, victim, config)
     dev = _dev_examples(config, settings, victim)
@@ -112,7 +122,7 @@ def measure_utility(
     server = ServerStep(gm, settings.server_optimizer, settings.server_lr)
     scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
-        updates = []
+        updates, norms = [], []
         for k in range(settings.clients):
             j = r * settings.clients + k
             batch = gm.encode(batches[j], data.max_tokens)
@@ -120,8 +130,16 @@ def measure_utility(
                 derived_seed(config.seed, j, UTILITY_STREAM),
                 derived_seed(config.seed, j, UTILITY_STREAM + 1),
             )
-            updates.append(defended_update(gm, batch, own, seeds))
-        server.apply(updates)
+            undefended, sent = client_round(gm, batch, own, seeds)
+            updates.append(sent)
+            norms.append(update_norm(undefended))
+            del undefended
+        if audit is None:
+            server.apply(updates)
+        else:
+            mean = audit.round_mean(r, updates, norms)
+            server.step(mean, updates[0].kind)
+            audit.score(r, mean)
         if (r + 1) % settings.eval_every == 0 or r + 1 == settings.rounds:
             scored.append(r + 1)
             metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
@@ -129,8 +147,24 @@ def measure_utility(
             progress(r + 1, settings.rounds)
     seconds = time.perf_counter() - started
     return UtilityResult(
-        task=task, rounds=scored, metrics=metrics, seconds=seconds, device=str(placed)
+        task=task,
+        rounds=scored,
+        metrics=metrics,
+        seconds=seconds,
+        device=str(placed),
+        privacy=audit.result() if audit else None,
     )
+
+
+def _canary_audit(
+    config: RunConfig, settings: UtilitySettings, defenses: Sequence[Defense]
+) -> CanaryAudit | None:
+    """The run's canary clients, seeded from the run's seed; None without ``canaries``."""
+    if not settings.canaries:
+        return None
+    seed = derived_seed(config.seed, 0, CANARY_STREAM)
+    canaries = CanaryClients(settings.canaries, settings.rounds, seed)
+    return CanaryAudit(canaries, defenses, settings.canary_norm)
 
 
 def _dev_examples(config: RunConfig, settings: UtilitySettings, victim: Victim) -> list[Example]:
@@ -163,15 +197,24 @@ class ServerStep:
             self.optimizer = torch.optim.SGD(shared, lr=lr or default)
 
     def apply(self, updates: list[UpdatePayload]) -> None:
-        """One server step: each shared tensor's gradient is the mean update (a view of its
-        parameter's gradient, so GPT-2's fused q/k/v slices too; the rest of it stays 0)."""
-        sign = -1.0 if updates[0].kind == "weight_delta" else 1.0
+        """One server step with the mean of ``updates``."""
+        with torch.no_grad():
+            mean = {
+                spec.key: torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
+                for spec in self.gm.specs
+            }
+        self.step(mean, updates[0].kind)
+
+    def step(self, mean: dict[str, torch.Tensor], kind: str) -> None:
+        """One server step: each shared tensor's gradient is the ``mean`` update of ``kind``
+        (a view of its parameter's gradient, so GPT-2's fused q/k/v slices too; the rest of
+        it stays 0)."""
+        sign = -1.0 if kind == "weight_delta" else 1.0
         for param in self.optimizer.param_groups[0]["params"]:
             param.grad = torch.zeros_like(param)
         with torch.no_grad():
             for spec in self.gm.specs:
-                mean = torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
-                spec.take(self.params[spec.param].grad).copy_(sign * mean)
+                spec.take(self.params[spec.param].grad).copy_(sign * mean[spec.key])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -238,6 +281,7 @@ def utility_record(
         "metrics": result.metrics,
         "seconds": result.seconds,
         "device": result.device,
+        "privacy": result.privacy.as_dict() if result.privacy else None,
         "versions": versions(),
         "machine": machine(),
     }

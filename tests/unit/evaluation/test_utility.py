@@ -53,7 +53,7 @@ def keyword_task(tmp_path_factory):
     return folder
 
 
-def run_utility(keyword_task, eval_every=1, **options):
+def run_utility(keyword_task, eval_every=1, canaries=0, **options):
     config = config_from_options(
         {"model": "tiny-bert", "dataset": f"file:{keyword_task / 'train.csv'}"}
         | {"protocol": "fedavg", "epochs": 2, "lr": 0.05}
@@ -65,6 +65,7 @@ def run_utility(keyword_task, eval_every=1, **options):
         samples=8,
         eval_dataset=f"file:{keyword_task / 'dev.csv'}",
         eval_every=eval_every,
+        canaries=canaries,
     )
     return measure_utility(config, settings)
 
@@ -126,15 +127,20 @@ def test_an_adam_server_steps_each_shared_coordinate_by_lr_first_and_nothing_els
     assert torch.equal(params["score.weight"], before["score.weight"])  # the head: not shared
 
 
-def test_utility_command_prints_and_writes_the_metrics(keyword_task, tmp_path):
-    out = tmp_path / "utility.json"
-    result = CliRunner().invoke(
+def invoke_utility(keyword_task, out, *options: str):
+    """``gradleak utility`` on the keyword task, 2 rounds of 2 clients, its record to ``out``."""
+    return CliRunner().invoke(
         app,
         ["utility", "--model", "tiny-bert", "--dataset", f"file:{keyword_task / 'train.csv'}"]
         + ["--protocol", "fedavg", "--epochs", "2", "--lr", "0.05", "--rounds", "2"]
         + ["--clients", "2", "--eval-dataset", f"file:{keyword_task / 'dev.csv'}"]
-        + ["--out", str(out)],
+        + [*options, "--out", str(out)],
     )
+
+
+def test_utility_command_prints_and_writes_the_metrics(keyword_task, tmp_path):
+    out = tmp_path / "utility.json"
+    result = invoke_utility(keyword_task, out)
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
     assert record["utility"]["rounds"] == 2 and len(record["metrics"]) == 3
@@ -162,3 +168,42 @@ def test_utility_options_are_validated_in_one_line():
         utility_from_options({"rounds": 0})
     with pytest.raises(GradleakError, match="unknown option --steps"):
         utility_from_options({"steps": 3})
+
+
+def test_canary_clients_measure_epsilon_beside_the_fine_tuning(keyword_task):
+    """Undefended FedAvg shows every inserted canary: the bound is the most 64 canaries can
+    show. The same seed gives the same scores; strong noise on every update hides them."""
+    result = run_utility(keyword_task, canaries=64)
+    privacy = result.privacy
+    assert privacy is not None and privacy.canaries == 64 and len(privacy.rounds) == 4
+    assert privacy.overall.auroc == 1.0
+    assert privacy.overall.gdp_epsilon == pytest.approx(privacy.overall.ceiling)
+    assert sum(r.canaries for r in privacy.rounds) == 64
+    assert run_utility(keyword_task, canaries=64).privacy == privacy
+    noisy = run_utility(keyword_task, canaries=64, defense="noise:sigma=0.1").privacy
+    assert noisy.norm == privacy.norm  # round 1's updates before their defenses: the same
+    assert noisy.overall.auroc < 0.9 and noisy.overall.gdp_epsilon < privacy.overall.ceiling / 2
+
+
+def test_the_utility_command_prints_and_records_the_measured_epsilon(keyword_task, tmp_path):
+    out = tmp_path / "utility.json"
+    result = invoke_utility(keyword_task, out, "--canaries", "32")
+    assert result.exit_code == 0, result.output
+    assert "measured epsilon: 32 canary clients" in result.output
+    assert "the most these canaries can show" in result.output
+    privacy = json.loads(out.read_text())["privacy"]
+    assert privacy["canaries"] == 32 and len(privacy["rounds"]) == 2
+    assert privacy["overall"]["gdp_epsilon"] == pytest.approx(privacy["overall"]["ceiling"])
+
+
+def test_canary_clients_beside_dp_sgd_are_refused_before_the_model_loads(keyword_task, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("gradleak.evaluation.utility.load_victim", no_model)
+    config, settings = utility_from_options(
+        {"model": "tiny-bert", "dataset": f"file:{keyword_task / 'train.csv'}"}
+        | {"defense": "dpsgd:clip=1,sigma=1", "canaries": 8}
+    )
+    with pytest.raises(GradleakError, match="drop --canaries, or dpsgd from --defense"):
+        measure_utility(config, settings)

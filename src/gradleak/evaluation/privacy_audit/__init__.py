@@ -10,7 +10,8 @@ canary a score, higher meaning "more likely inserted". From the scores of the in
 - :func:`one_run_gdp`: the Gaussian-DP lower bound mu of Mahloujifar, Melis & Chaudhuri,
   "Auditing f-differential privacy in one run" (ICML 2025; arXiv:2410.22235), and the epsilon
   at delta that mu implies;
-- :func:`membership_metrics`: AUROC and TPR at a fixed FPR, with seeded bootstrap intervals.
+- :func:`membership_metrics`: AUROC and TPR at a fixed FPR, with seeded bootstrap intervals;
+- :func:`empirical_epsilon`: both bounds, AUROC, and the most as many canaries could show.
 
 Both bounds hold at confidence 1 - beta under two assumptions: (a) Poisson inclusion, each
 canary in or out by its own fair coin, independent of the other canaries and of the rest of
@@ -28,7 +29,8 @@ confidence). A single pair passed as ``guesses=[(k_plus, k_minus)]`` is tested a
 
 numpy and scipy are imported inside the functions that need them; torch is never imported. The
 parts: :mod:`.guesses` (the scores checked, the guesses), :mod:`.one_run` (Steinke et al.),
-:mod:`.gdp` (Mahloujifar et al., mu-GDP and (epsilon, delta)), :mod:`.membership` (AUROC, TPR).
+:mod:`.gdp` (Mahloujifar et al., mu-GDP and (epsilon, delta)), :mod:`.membership` (AUROC, TPR),
+:mod:`.summary` (one set of scores summed up).
 """
 
 from gradleak.evaluation.privacy_audit.gdp import (
@@ -59,9 +61,11 @@ from gradleak.evaluation.privacy_audit.one_run import (
     one_run_epsilon_from_counts,
     one_run_p_value,
 )
+from gradleak.evaluation.privacy_audit.summary import EmpiricalEpsilon, empirical_epsilon
 
 __all__ = [
     "MIN_GUESSES",
+    "EmpiricalEpsilon",
     "Guesses",
     "MembershipMetrics",
     "OneRunEpsilon",
@@ -69,6 +73,7 @@ __all__ = [
     "Scores",
     "auroc",
     "correct_guesses",
+    "empirical_epsilon",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu",
