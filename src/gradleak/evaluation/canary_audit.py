@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from gradleak.defenses.base import Defense, SampleDefense
+from gradleak.defenses.base import Defense, SampleDefense, UpdateDefense
 from gradleak.defenses.chain import apply_update_defenses
 from gradleak.errors import GradleakError
 from gradleak.evaluation.privacy_audit import EmpiricalEpsilon, empirical_epsilon
-from gradleak.federated.canaries import CanaryClients
+from gradleak.federated.canaries import CanaryClients, draw_buffers
 from gradleak.federated.payload import UpdatePayload
 from gradleak.runtime.seeds import derived_seed
 
@@ -88,7 +88,12 @@ class CanaryAudit:
             total = {key: torch.stack([u.tensors[key] for u in updates]).sum(dim=0)
                      for key in updates[0].tensors}  # fmt: skip
             inserted = self.canaries.inserted_in(round_index)
+            defended = any(isinstance(d, UpdateDefense) for d in self.defenses)
+            into = None if defended else draw_buffers(total)
             for index in inserted:
+                if not defended:  # what it sends is its draw scaled: add it in place
+                    self.canaries.add_to(total, index, float(self.norm), into)
+                    continue
                 for key, tensor in self.canary_update(index, updates[0]).tensors.items():
                     total[key] += tensor
             return {key: t.div_(len(updates) + len(inserted)) for key, t in total.items()}

@@ -85,23 +85,23 @@ class CanaryClients:
         return {key: drawn[key].div_(norm) for key in like}
 
     def _drawn(
-        self, index: int, like: Mapping[str, torch.Tensor]
+        self,
+        index: int,
+        like: Mapping[str, torch.Tensor],
+        into: dict[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], float]:
-        """Canary ``index``'s standard normal draws shaped as ``like``, and their norm (summed
-        in float64)."""
+        """Canary ``index``'s standard normal draws shaped as ``like``, and their norm. With
+        ``into`` (CPU tensors shaped as ``like``) the draws fill them: the same numbers as
+        fresh tensors, without allocating a model-sized tensor for every canary."""
         generator = torch.Generator().manual_seed(derived_seed(self.seed, index, DIRECTION_STREAM))
-        drawn = {
-            key: devices.randn(
-                *like[key].shape,
-                generator=generator,
-                device=like[key].device,
-                dtype=like[key].dtype,
-            )
-            for key in sorted(like)
-        }
-        return drawn, math.sqrt(
-            sum(float(t.pow(2).sum(dtype=torch.float64)) for t in drawn.values())
-        )
+        drawn = {}
+        for key in sorted(like):
+            if into is None:
+                shape, where, dtype = like[key].shape, like[key].device, like[key].dtype
+                drawn[key] = devices.randn(*shape, generator=generator, device=where, dtype=dtype)
+            else:
+                drawn[key] = into[key].normal_(generator=generator)
+        return drawn, math.sqrt(sum(_dot(t, t) for t in drawn.values()))
 
     def update(self, index: int, like: UpdatePayload, norm: float) -> UpdatePayload:
         """What canary ``index`` sends: ``norm`` times its direction, of ``like``'s kind, with
@@ -109,18 +109,44 @@ class CanaryClients:
         tensors = {key: norm * t for key, t in self.direction(index, like.tensors).items()}
         return UpdatePayload(kind=like.kind, tensors=tensors, metadata=dict(like.metadata))
 
+    def add_to(
+        self,
+        total: dict[str, torch.Tensor],
+        index: int,
+        norm: float,
+        into: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Add what canary ``index`` sends (:meth:`update`, undefended) to ``total`` in place,
+        drawing into ``into`` (see :meth:`scores`) where given."""
+        drawn, size = self._drawn(index, total, into)
+        for key, tensor in drawn.items():
+            total[key].add_(tensor, alpha=norm / size)
+
     def scores(self, round_index: int, aggregate: Mapping[str, torch.Tensor]) -> dict[int, float]:
         """The cosine of each of the round's canaries' direction with ``aggregate`` (the mean
-        update the server applies), inserted and held out alike; sums in float64."""
-        size = math.sqrt(sum(float(t.pow(2).sum(dtype=torch.float64)) for t in aggregate.values()))
+        update the server applies), inserted and held out alike."""
+        size = math.sqrt(sum(_dot(t, t) for t in aggregate.values()))
         if size == 0 or not math.isfinite(size):
             what = "zero" if size == 0 else "not finite"
             raise GradleakError(
                 f"round {round_index + 1}'s aggregate is {what}: its canaries cannot be scored"
             )
+        into = draw_buffers(aggregate)
         found = {}
         for index in self.of_round(round_index):
-            drawn, norm = self._drawn(index, aggregate)
-            dot = sum(float((drawn[k] * aggregate[k]).sum(dtype=torch.float64)) for k in drawn)
-            found[index] = dot / (norm * size)
+            drawn, norm = self._drawn(index, aggregate, into)
+            found[index] = sum(_dot(drawn[k], aggregate[k]) for k in drawn) / (norm * size)
         return found
+
+
+def draw_buffers(like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Tensors shaped as ``like`` that the canaries' draws can fill one canary after another
+    (on the CPU only, where the draws are made), or None."""
+    if any(t.device.type != "cpu" for t in like.values()):
+        return None
+    return {key: torch.empty_like(t) for key, t in like.items()}
+
+
+def _dot(first: torch.Tensor, second: torch.Tensor) -> float:
+    """The dot product of two tensors of one shape, as a Python float."""
+    return float(torch.dot(first.reshape(-1), second.reshape(-1)))
