@@ -17,7 +17,7 @@ from gradleak.defenses.base import Defense, SampleDefense, UpdateDefense
 from gradleak.defenses.chain import apply_update_defenses
 from gradleak.errors import GradleakError
 from gradleak.evaluation.privacy_audit import EmpiricalEpsilon, empirical_epsilon
-from gradleak.federated.canaries import CanaryClients, draw_buffers
+from gradleak.federated.canaries import CanaryClients, draw_buffers, tensors_norm
 from gradleak.federated.payload import UpdatePayload
 from gradleak.runtime.seeds import derived_seed
 
@@ -47,7 +47,7 @@ class EmpiricalPrivacy:
 
 def update_norm(update: UpdatePayload) -> float:
     """The L2 norm of all of an update's tensors together."""
-    return float(torch.sqrt(sum(t.double().pow(2).sum() for t in update.tensors.values())))
+    return tensors_norm(update.tensors)
 
 
 class CanaryAudit:

@@ -101,7 +101,7 @@ class CanaryClients:
                 drawn[key] = devices.randn(*shape, generator=generator, device=where, dtype=dtype)
             else:
                 drawn[key] = into[key].normal_(generator=generator)
-        return drawn, math.sqrt(sum(_dot(t, t) for t in drawn.values()))
+        return drawn, tensors_norm(drawn)
 
     def update(self, index: int, like: UpdatePayload, norm: float) -> UpdatePayload:
         """What canary ``index`` sends: ``norm`` times its direction, of ``like``'s kind, with
@@ -125,7 +125,7 @@ class CanaryClients:
     def scores(self, round_index: int, aggregate: Mapping[str, torch.Tensor]) -> dict[int, float]:
         """The cosine of each of the round's canaries' direction with ``aggregate`` (the mean
         update the server applies), inserted and held out alike."""
-        size = math.sqrt(sum(_dot(t, t) for t in aggregate.values()))
+        size = tensors_norm(aggregate)
         if size == 0 or not math.isfinite(size):
             what = "zero" if size == 0 else "not finite"
             raise GradleakError(
@@ -145,6 +145,11 @@ def draw_buffers(like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | 
     if any(t.device.type != "cpu" for t in like.values()):
         return None
     return {key: torch.empty_like(t) for key, t in like.items()}
+
+
+def tensors_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm of all of ``tensors`` together."""
+    return math.sqrt(sum(_dot(t, t) for t in tensors.values()))
 
 
 def _dot(first: torch.Tensor, second: torch.Tensor) -> float:

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gradleak.errors import GradleakError
-
-if TYPE_CHECKING:
-    pass
-
 from gradleak.evaluation.privacy_audit.guesses import (
     INV_PHI,
     SQRT2,
     Guesses,
     Scores,
+    Tally,
     best_over_pairs,
     check_counts,
     checked_delta,
@@ -26,23 +22,17 @@ from gradleak.evaluation.privacy_audit.guesses import (
 
 
 @dataclass(frozen=True)
-class OneRunGdp:
+class OneRunGdp(Tally):
     """The Gaussian-DP lower bound of one run: the mechanism is not mu'-GDP for any mu' below
     ``mu``, at ``confidence``. ``epsilon`` is the epsilon at ``delta`` of a mu-GDP mechanism
     (:func:`gdp_epsilon`): a lower bound on the mechanism's epsilon at delta if its trade-off
-    curve is Gaussian (the paper's hypothesized f), not otherwise. The other fields are as in
-    :class:`OneRunEpsilon`."""
+    curve is Gaussian (the paper's hypothesized f), not otherwise. The guesses behind it as in
+    :class:`Tally`."""
 
     mu: float
     epsilon: float
     delta: float
     confidence: float
-    canaries: int
-    guesses: int
-    correct: int
-    k_plus: int
-    k_minus: int
-    pairs: int
 
 
 # --- Gaussian DP: Mahloujifar, Melis & Chaudhuri ---------------------------------------------
@@ -120,18 +110,9 @@ def one_run_gdp(
     the assumptions; the epsilon also assumes a Gaussian trade-off curve (see
     :class:`OneRunGdp`)."""
     delta = checked_delta(delta)
-    best = best_over_pairs(in_scores, out_scores, guesses, confidence, _mu_search)
+    mu, tally = best_over_pairs(in_scores, out_scores, guesses, confidence, _mu_search)
     return OneRunGdp(
-        mu=best.bound,
-        epsilon=gdp_epsilon(best.bound, delta),
-        delta=delta,
-        confidence=confidence,
-        canaries=best.canaries,
-        guesses=best.guesses,
-        correct=best.correct,
-        k_plus=best.k_plus,
-        k_minus=best.k_minus,
-        pairs=best.pairs,
+        mu=mu, epsilon=gdp_epsilon(mu, delta), delta=delta, confidence=confidence, **vars(tally)
     )
 
 

@@ -161,11 +161,11 @@ def largest_rejected(
 
 
 @dataclass(frozen=True)
-class BestPair:
-    """The largest bound over the (k+, k-) pairs tried, and the pair that gave it: ``guesses``
-    of the ``canaries`` made, ``correct`` of them right, ``pairs`` tried."""
+class Tally:
+    """The guesses behind a one-run bound: ``guesses`` of the ``canaries`` made (``k_plus``
+    "in", ``k_minus`` "out"), ``correct`` of them right; ``pairs`` is how many (k+, k-) pairs
+    were tried (the confidence was split among them)."""
 
-    bound: float
     canaries: int
     guesses: int
     correct: int
@@ -180,10 +180,10 @@ def best_over_pairs(
     guesses: Guesses | None,
     confidence: float,
     bound: Callable[[int, int, int, float, float], float],
-) -> BestPair:
+) -> tuple[float, Tally]:
     """``bound(canaries, guesses, correct, significance, floor)`` of each (k+, k-) pair of
-    ``guesses`` (default :func:`guess_grid`), each tested at (1 - confidence) / pairs, and the
-    largest of them."""
+    ``guesses`` (default :func:`guess_grid`), each tested at (1 - confidence) / pairs: the
+    largest of them and the tally of the pair that gave it."""
     ins, outs = checked_scores(in_scores, "in_scores"), checked_scores(out_scores, "out_scores")
     beta = 1 - open_unit(confidence, "confidence")
     canaries = ins.size + outs.size
@@ -196,4 +196,4 @@ def best_over_pairs(
         if found > best:
             best, chosen = found, index
     r, v = tallies[chosen]
-    return BestPair(best, canaries, r, v, *pairs[chosen], len(pairs))
+    return best, Tally(canaries, r, v, *pairs[chosen], len(pairs))

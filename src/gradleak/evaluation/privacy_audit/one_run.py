@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gradleak.errors import GradleakError
-
-if TYPE_CHECKING:
-    pass
-
 from gradleak.evaluation.privacy_audit.guesses import (
     Guesses,
     Scores,
+    Tally,
     best_over_pairs,
     check_counts,
     checked_delta,
@@ -23,21 +19,14 @@ from gradleak.evaluation.privacy_audit.guesses import (
 
 
 @dataclass(frozen=True)
-class OneRunEpsilon:
+class OneRunEpsilon(Tally):
     """The (epsilon, delta) lower bound of one run: the mechanism is not (epsilon', delta)-DP for
-    any epsilon' below ``epsilon``, at ``confidence``. ``guesses`` of the ``canaries`` were made
-    (``k_plus`` "in", ``k_minus`` "out"), ``correct`` of them right; ``pairs`` is how many
-    (k+, k-) pairs were tried (the confidence was split among them)."""
+    any epsilon' below ``epsilon``, at ``confidence``; the guesses behind it as in
+    :class:`Tally`."""
 
     epsilon: float
     delta: float
     confidence: float
-    canaries: int
-    guesses: int
-    correct: int
-    k_plus: int
-    k_minus: int
-    pairs: int
 
 
 # --- Steinke, Nasr & Jagielski ---------------------------------------------------------------
@@ -108,21 +97,11 @@ def one_run_epsilon(
     pair whose bound is largest. Assumes Poisson inclusion with probability 1/2 and guesses
     that depend on the run's output only (see the module's docstring)."""
     delta = checked_delta(delta)
-    best = best_over_pairs(
+    bound, tally = best_over_pairs(
         in_scores,
         out_scores,
         guesses,
         confidence,
         lambda m, r, v, share, floor: _epsilon_search(m, r, v, delta, share, floor),
     )
-    return OneRunEpsilon(
-        epsilon=best.bound,
-        delta=delta,
-        confidence=confidence,
-        canaries=best.canaries,
-        guesses=best.guesses,
-        correct=best.correct,
-        k_plus=best.k_plus,
-        k_minus=best.k_minus,
-        pairs=best.pairs,
-    )
+    return OneRunEpsilon(epsilon=bound, delta=delta, confidence=confidence, **vars(tally))
