@@ -92,7 +92,8 @@ def client_update(
     lora_roles: str | None = None,
     freeze_embeddings: bool | None = None,
     share: str | None = None,
-    client_precision: Literal["float32", "float64"] | None = None,
+    client_precision: Literal["float32", "float64", "bfloat16"] | None = None,
+    autocast: Literal["bfloat16", "float16"] | None = None,
     defenses: str | None = None,
     max_tokens: int | None = None,
     seed: int = 0,
@@ -125,7 +126,9 @@ def client_update(
         lora_roles: The modules LoRA adapts (roles such as ``qkv``).
         freeze_embeddings: Whether the embeddings stay frozen.
         share: What is sent: ``all`` or e.g. ``3.qv,*.f``.
-        client_precision: ``float32``, or ``float64`` for a client computing in double.
+        client_precision: ``float32``, ``float64`` for a client computing in double, or
+            ``bfloat16`` for a pure bf16 client.
+        autocast: ``bfloat16`` or ``float16``: float32 weights, products in that dtype (AMP).
         defenses: The client's defenses (``noise:sigma=0.01``, ``dpsgd:clip=1.0,sigma=0.1``,
             joined by ``+``).
         max_tokens: Truncate every sequence to this many tokens.
@@ -163,6 +166,7 @@ def client_update(
             "freeze_embeddings": freeze_embeddings,
             "share": share,
             "client_precision": client_precision,
+            "autocast": autocast,
             "defense": defenses,
             "max_tokens": max_tokens,
         }

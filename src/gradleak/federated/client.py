@@ -15,6 +15,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradleak.data import Example
+from gradleak.federated.arithmetic import client_arithmetic, storage_dtype
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.private import PrivateGradients, PrivateSteps, Staged
 from gradleak.federated.protocol import Protocol
@@ -95,6 +96,10 @@ class GlobalModel:
         with _CrossEntropies() as recorded:
             batch_loss = self.batch_loss(model, batch)
         return recorded.per_example(batch.input_ids.shape[0], batch_loss)
+
+
+# A float16 AMP client's first loss scale (``torch.amp.GradScaler``'s default).
+LOSS_SCALE = 2.0**16
 
 
 class _CrossEntropies(TorchFunctionMode):
@@ -190,7 +195,7 @@ def compute_update(
         with attached as steps:
             _local_training(global_model, model, batch, shuffle, steps)
         tensors = {
-            s.key: s.take(params[s.param].detach() - before[s.param]).clone()
+            s.key: s.take(_as_sent(params[s.param].detach()) - _as_sent(before[s.param])).clone()
             for s in global_model.specs
         }
         kind = "weight_delta"
@@ -218,9 +223,17 @@ def _client_model(global_model: GlobalModel) -> nn.Module:
 
 def _client_copy(global_model: GlobalModel) -> nn.Module:
     """A copy of the global model in the client's precision (float64 holds every float32
-    weight exactly: the same model, computing with 29 more bits)."""
+    weight exactly: the same model, computing with 29 more bits; a bf16 client's weights are
+    the global ones rounded to bf16)."""
     model = global_model.copy_model()
-    return model.double() if global_model.protocol.precision == "float64" else model
+    dtype = storage_dtype(global_model.protocol)
+    return model if dtype == torch.float32 else model.to(dtype)
+
+
+def _as_sent(tensor: torch.Tensor) -> torch.Tensor:
+    """An update tensor as the server receives it: a bf16 client's values in float32 (which
+    holds each exactly, and the difference of two of them), a float64 client's as they are."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def update_metadata(global_model: GlobalModel, n_samples: int | None) -> dict[str, Any]:
@@ -264,13 +277,34 @@ def _gradient(
     unused). Only the shared parameters are differentiated."""
     params = dict(model.named_parameters())
     names = sorted({spec.param for spec in global_model.specs})
-    loss = global_model.batch_loss(model, batch)
-    grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+    grads = _client_gradients(global_model, model, batch, [params[n] for n in names])
     by_name = {
         n: torch.zeros_like(params[n]) if g is None else g.detach()
         for n, g in zip(names, grads, strict=True)
     }
     return _update_tensors(global_model.specs, by_name)
+
+
+def _client_gradients(
+    global_model: GlobalModel, model: nn.Module, batch: EncodedBatch, params: list[nn.Parameter]
+) -> tuple[torch.Tensor | None, ...]:
+    """The batch loss's gradient for ``params``, in the client's arithmetic.
+
+    A float16 AMP client scales its loss before the backward pass so that small gradients do
+    not underflow float16, and unscales after (``torch.amp.GradScaler``'s recipe: a power of
+    two, halved while the scaled gradient overflows). bf16 has float32's range: no scale.
+    """
+    protocol = global_model.protocol
+    scale = LOSS_SCALE if protocol.autocast == "float16" else 1.0
+    while True:
+        with client_arithmetic(protocol, global_model.device):
+            loss = global_model.batch_loss(model, batch)
+        grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
+        if scale == 1.0:
+            return grads
+        if all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+            return tuple(None if g is None else g / scale for g in grads)
+        scale /= 2
 
 
 def _private_gradient(
@@ -283,7 +317,9 @@ def _private_gradient(
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     saved = [p.grad for _, p in params]
     try:
-        steps.gradient(lambda: global_model.example_losses(model, batch), batch.input_ids.shape[0])
+        steps.gradient(
+            lambda: _example_losses(global_model, model, batch), batch.input_ids.shape[0]
+        )
         by_name = {n: p.grad.detach() for n, p in params}
     finally:
         for (_, p), grad in zip(params, saved, strict=True):
@@ -298,7 +334,7 @@ def _update_tensors(
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for spec in specs:
-        tensor = spec.take(by_name[spec.param])
+        tensor = spec.take(_as_sent(by_name[spec.param]))
         # A gradient is a fresh tensor that only this update holds. Copied are a slice (it
         # would keep the whole fused gradient alive) and a tensor already in the update (a
         # LoRA A matrix sent once per role of a fused layer), so each tensor owns its memory.
@@ -327,6 +363,10 @@ def _local_training(
         optimizer = torch.optim.Adam(trainable, lr=protocol.lr)
     n = batch.input_ids.shape[0]
     b = protocol.local_batch_size or n
+    # A float16 AMP client scales its loss (see ``_client_gradients``); disabled, the scaler
+    # is a plain backward pass and step.
+    scaled = protocol.autocast == "float16" and steps is None
+    scaler = torch.amp.GradScaler(global_model.device.type, LOSS_SCALE, enabled=scaled)
     for _ in range(protocol.epochs):
         if protocol.shuffle:
             order = devices.randperm(n, generator=generator, device="cpu")
@@ -335,12 +375,26 @@ def _local_training(
         for start in range(0, n, b):
             optimizer.zero_grad(set_to_none=True)
             local = batch.select(order[start : start + b])
-            if steps is None:
-                global_model.batch_loss(model, local).backward()
-            else:
+            if steps is not None:
                 rows = local.input_ids.shape[0]
-                steps.gradient(lambda local=local: global_model.example_losses(model, local), rows)
-            optimizer.step()
+                steps.gradient(
+                    lambda local=local: _example_losses(global_model, model, local), rows
+                )
+                optimizer.step()
+                continue
+            with client_arithmetic(protocol, global_model.device):
+                loss = global_model.batch_loss(model, local)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+
+def _example_losses(
+    global_model: GlobalModel, model: nn.Module, batch: EncodedBatch
+) -> torch.Tensor:
+    """Each example's loss in the client's arithmetic (what a per-sample defense clips)."""
+    with client_arithmetic(global_model.protocol, global_model.device):
+        return global_model.example_losses(model, batch)
 
 
 def __getattr__(name: str) -> object:

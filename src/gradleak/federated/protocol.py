@@ -79,12 +79,26 @@ class Protocol(BaseModel):
     lora: LoraSettings | None = None
     freeze_embeddings: bool = Field(False, description="do not train the embeddings")
     share: str = Field("all", description="tensors the client sends: all, or e.g. 3.qv,*.f")
-    precision: Literal["float32", "float64"] = Field(
+    precision: Literal["float32", "float64", "bfloat16"] = Field(
         "float32",
-        description="the client's arithmetic: float32 (as clients run) | float64 (its round "
-        "on a float64 copy of the model: a FedAvg delta without float32 rounding)",
+        description="the client's weights and arithmetic: float32 (as clients run) | float64 "
+        "(a FedAvg delta without float32 rounding) | bfloat16 (a pure bf16 client)",
         json_schema_extra={"option": "--client-precision"},
     )
+    autocast: Literal["bfloat16", "float16"] | None = Field(
+        None,
+        description="float32 weights, matrix products in this dtype (PyTorch AMP, the "
+        "Trainer's bf16=True)",
+    )
+
+    @model_validator(mode="after")
+    def _autocast_needs_float32(self) -> Protocol:
+        if self.autocast is not None and self.precision != "float32":
+            raise ValueError(
+                f"--autocast runs a float32 model's products in {self.autocast}; a "
+                f"{self.precision} client has no float32 weights to autocast: drop one of them"
+            )
+        return self
 
     def steps_per_epoch(self, n_samples: int) -> int:
         b = self.local_batch_size or n_samples

@@ -53,6 +53,7 @@ from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.tokens import token_candidates
+from gradleak.federated.arithmetic import client_arithmetic, input_rounding, storage_dtype
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
@@ -75,8 +76,12 @@ class DagerAttack(Attack[DagerSettings]):
         refusal = defense_refusal(knowledge.defenses)
         if refusal is not None:
             return refusal
+        indices = [0, 1]  # layer 2's rank limits the batch even where a deeper layer searches
+        sentence = self._sentence_layer(update, knowledge)
+        if sentence not in indices:
+            indices.append(sentence)
         layers: list[LayerCheck] = []
-        for layer in (0, 1):
+        for layer in indices:
             checked = layer_check(update, knowledge, layer, self.settings)
             refusal = full_rank_refusal(
                 checked, layer, knowledge.defenses, update, self.settings.rank_tol
@@ -85,7 +90,22 @@ class DagerAttack(Attack[DagerSettings]):
             if refusal is not None:
                 return refusal
             layers.append(checked)
-        return DagerPlan(*layers)
+        return DagerPlan(layers[0], layers[-1])
+
+    def _sentence_layer(self, update: UpdatePayload, knowledge: ServerKnowledge) -> int:
+        """The layer (0-based) whose span the decoder's sentence search checks: the
+        setting's, else layer 3 for a reduced-precision client's gradient and layer 2 (the
+        paper's) otherwise. Rounded products leave true prefixes near the span, each
+        sentence at its own distance; context moves a false prefix's input about ten times
+        farther at layer 3 than at layer 2 (docs/design/dager-precision.md). Encoders search
+        at layer 2."""
+        gm = knowledge.global_model
+        if not gm.adapter.is_decoder:
+            return 1
+        if self.settings.sentence_layer is not None:
+            return self.settings.sentence_layer - 1
+        rounded = input_rounding(gm.protocol) is not None
+        return 2 if rounded and update.kind == "gradient" else 1
 
     def run(
         self,
@@ -98,13 +118,19 @@ class DagerAttack(Attack[DagerSettings]):
         the layer-2 span. Deterministic: ``seed`` is not used."""
         gm = knowledge.global_model
         hf = unwrap(gm.copy_model().eval())
+        if input_rounding(gm.protocol) is not None:
+            # Products in bf16 or float16: the candidates' inputs are computed as the client's
+            # arithmetic computed the true ones (its weights' dtype, its autocast).
+            hf = hf.to(storage_dtype(gm.protocol))
         state = SearchState(notes=[f"ranks {plan.layer1.rank}/{plan.layer2.rank}"])
+        if plan.layer2.layer != 1:
+            state.notes.append(f"sentences checked at layer {plan.layer2.layer + 1}")
         layers = (plan.layer1, plan.layer2)
         if any(c.whole_rows is not None for layer in layers for c in layer.checks):
             rows = [sum(c.whole_rows or 0 for c in layer.checks) for layer in layers]
             state.notes.append(f"spans of the rows pruning kept whole: {rows[0]}/{rows[1]}")
         layer1, layer2 = plan.layer1, plan.layer2
-        with torch.no_grad():
+        with torch.no_grad(), client_arithmetic(gm.protocol, gm.device):
             end = end_model(update, knowledge) if several_steps(update) else None
             if end is not None:
                 layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))

@@ -33,8 +33,10 @@ from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
 from gradleak.defenses import noise_std
 from gradleak.errors import GradleakError
+from gradleak.federated.arithmetic import input_rounding, product_rounding, storage_dtype
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.payload import UpdatePayload
+from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
@@ -71,6 +73,13 @@ class SpanCheck:
     # Whether the span is the whole input span: always for an unpruned update; for the rows
     # pruning kept whole, when they are dependent at rounding level (see the module doc).
     saturated: bool = True
+    # The dtype the client's products read their inputs in where coarser than float32 (bf16,
+    # float16): its gradient's rows are combinations of the inputs rounded to it.
+    rounding: torch.dtype | None = None
+
+    def rounded(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Candidate inputs as the client's products read them."""
+        return inputs if self.rounding is None else inputs.to(self.rounding)
 
     def distance(self, inputs: torch.Tensor, screened: bool = False) -> torch.Tensor:
         """Span distance of each input row, in float64.
@@ -79,11 +88,13 @@ class SpanCheck:
         rows it puts within ``SCREEN`` of the span. Far rows keep their float32 distance,
         accurate to float32 there; the true inputs, near 0, get the exact value.
         """
+        inputs = self.rounded(inputs)
         if not screened:
             if self.transform is not None:
                 inputs = inputs.to(torch.float64) @ self.transform.T
             return self.span.distance(inputs)
-        mapped = inputs if self.transform is None else inputs @ self.transform.T.to(inputs.dtype)
+        rough = inputs.to(torch.promote_types(inputs.dtype, torch.float32))
+        mapped = rough if self.transform is None else rough @ self.transform.T.to(rough.dtype)
         distances = self.span.rough_distance(mapped).to(torch.float64)
         near = distances < SCREEN
         distances[near] = self.distance(inputs[near])
@@ -102,6 +113,7 @@ class LayerCheck:
     """
 
     checks: list[SpanCheck]
+    layer: int = 1  # the layer whose q/k/v read the checked inputs (0-based)
     # How far the inputs of an update's later local steps may lie from the server's version
     # of them (relative distance; 0 for a single step, see ``drift.py``).
     drift: float = 0.0
@@ -123,6 +135,12 @@ class LayerCheck:
         return any(c.span.noise_floor is not None for c in self.checks)
 
     @property
+    def rounded(self) -> bool:
+        """Whether the client's products rounded the checked inputs (bf16, float16): true
+        inputs then lie near the span, each sentence at its own distance, not in it."""
+        return any(c.rounding is not None for c in self.checks)
+
+    @property
     def plain(self) -> list[SpanCheck]:
         """Checks in the layer's own input space (not a LoRA adapter space)."""
         return [c for c in self.checks if c.transform is None]
@@ -131,7 +149,7 @@ class LayerCheck:
         self, inputs: torch.Tensor, extra: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The robust check (see ``SpanBasis.inlier_fraction``), best over the plain checks."""
-        shares = [c.span.inlier_fraction(inputs, extra) for c in self.plain]
+        shares = [c.span.inlier_fraction(c.rounded(inputs), extra) for c in self.plain]
         return torch.stack(shares).amax(dim=0)
 
 
@@ -172,17 +190,15 @@ def layer_check(
     pruned = adaptation_for(knowledge.defenses) == KEPT_COORDINATES
     checks = []
     if blocks:
-        checks.append(_check(update, blocks, settings.rank_tol, pruned, knowledge.defenses))
+        checks.append(_check(update, blocks, settings.rank_tol, pruned, knowledge))
     for block, a_matrix in adapter_blocks:
-        checks.append(
-            _check(update, [block], settings.rank_tol, pruned, knowledge.defenses, a_matrix)
-        )
+        checks.append(_check(update, [block], settings.rank_tol, pruned, knowledge, a_matrix))
     if not checks:
         raise GradleakError(
             f"dager needs the {'first' if layer == 0 else 'second'} layer's q, k or v "
             f"gradient, which this update does not contain: share {layer}.qkv"
         )
-    return LayerCheck(checks)
+    return LayerCheck(checks, layer)
 
 
 HIDDEN_PRUNING_REFUSAL = (
@@ -340,21 +356,24 @@ def _check(
     blocks: list[Block],
     rank_tol: float | None,
     pruned: bool,
-    defenses: tuple[Any, ...],
+    knowledge: ServerKnowledge,
     transform: torch.Tensor | None = None,
 ) -> SpanCheck:
-    """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole;
-    ``defenses``: the public ones, whose noise sets the rank's floor."""
+    """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole. The
+    protocol's arithmetic and the public defenses' noise set the rank's floor."""
+    protocol, defenses = knowledge.global_model.protocol, knowledge.defenses
+    rounded = input_rounding(protocol)
     if not pruned:
-        return SpanCheck(_span(update, blocks, rank_tol, defenses), transform)
+        span = _span(update, blocks, rank_tol, protocol, defenses)
+        return SpanCheck(span, transform, rounding=rounded)
     width = blocks[0].tensor.shape[-1]
     whole = _whole_rows(blocks)
     rows = sum(b.tensor.shape[0] for b in whole)
     if rows == 0:  # nothing kept whole: an empty span (``pruning_refusal`` refuses it)
         empty = blocks[0].tensor.new_zeros(width, 0, dtype=torch.float64)
         return SpanCheck(SpanBasis(empty, empty.new_zeros(0), width), transform, 0, False)
-    span = _span(update, whole, rank_tol, defenses)
-    return SpanCheck(span, transform, rows, _saturated(span, rows))
+    span = _span(update, whole, rank_tol, protocol, defenses)
+    return SpanCheck(span, transform, rows, _saturated(span, rows), rounded)
 
 
 def _saturated(span: SpanBasis, rows: int) -> bool:
@@ -393,23 +412,28 @@ def _span(
     update: UpdatePayload,
     blocks: list[Block],
     rank_tol: float | None,
+    protocol: Protocol,
     defenses: tuple[Any, ...] = (),
 ) -> SpanBasis:
-    """The blocks' joint span. A weight delta carries the rounding of every local step in
-    the client's precision (the delta's dtype), which the server can size from the global
-    weights it holds, and a public noise
+    """The blocks' joint span. The client's arithmetic leaves rounding the server can size
+    from the protocol and the global weights it holds (a weight delta's storage of every local
+    step, reduced-precision products' rounding of every gradient entry), and a public noise
     defense adds noise of a known size: the rank then counts the directions above that noise
-    (a plain gradient keeps the cut at the largest drop)."""
+    (a float32 gradient keeps the cut at the largest drop)."""
     tensors = [b.tensor for b in blocks]
-    delta = update.kind == "weight_delta"
     steps = int(update.metadata.get("local_steps", 1))
-    noise = [
-        noise_std(
-            defenses,
-            b.tensor,
-            rounding_noise(b.weight, steps, b.tensor.dtype) if delta else 0.0,
-            update.metadata,
-        )
-        for b in blocks
-    ]
-    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if any(noise) else None)
+    noise: list[float | torch.Tensor] = []
+    for block in blocks:
+        std = noise_std(defenses, block.tensor, _rounding(update, block, protocol), update.metadata)
+        products = product_rounding(block.tensor, protocol, steps)
+        noise.append(std if products is None else torch.sqrt(products.square() + std**2))
+    known = any(isinstance(n, torch.Tensor) or n > 0 for n in noise)
+    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if known else None)
+
+
+def _rounding(update: UpdatePayload, block: Block, protocol: Protocol) -> float:
+    """Standard deviation of the rounding the client's stored weights left in ``block``."""
+    if update.kind != "weight_delta":
+        return 0.0
+    steps = int(update.metadata.get("local_steps", 1))
+    return rounding_noise(block.weight, steps, storage_dtype(protocol))

@@ -23,6 +23,11 @@ from gradleak.models.tasks import end_with_eos
 # clean gradient (whose true prefixes lie far below it), even when the span was cut at a noise
 # floor; above it a noisy span's true prefixes may be anywhere (see ``DecoderSearch._cut``).
 CLEAN_CUT = 1e-3
+# A reduced-precision client's prefix keeps its nearest trials when the next is this many
+# times farther, and when they lie within PREFIX_JUMP of the prefix's distance so far: a true
+# extension stays at its sentence's level, a false one after the sentence's end jumps far
+# above it (measured: docs/design/dager-precision.md).
+PREFIX_GAP, PREFIX_JUMP = 2.0, 10.0
 
 
 @dataclass
@@ -96,8 +101,12 @@ class DecoderSearch(SentenceSearch):
                 self.state.notes.append(f"search budget of {self.settings.max_sequences} spent")
                 break
             distances = self._trial_distances(beam, parents, added)
-            cut = self._cut(distances, len(beam), level, batch_size)
-            accepted = self._accepted(distances, cut)
+            if self.layer2.rounded:
+                cut = math.inf  # no cut: each prefix's nearest trials are judged alone
+                accepted = self._accepted_by_prefix(distances, parents, beam.scores, batch_size)
+            else:
+                cut = self._cut(distances, len(beam), level, batch_size)
+                accepted = self._accepted(distances, cut)
             if position > len(start):
                 extended = set(parents[accepted].tolist())
                 finished += [beam.entry(i) for i in range(len(beam)) if i not in extended]
@@ -155,6 +164,38 @@ class DecoderSearch(SentenceSearch):
             cut = max(cut, count_cut(distances, batch_size))
         return cut
 
+    def _accepted_by_prefix(
+        self, distances: torch.Tensor, parents: torch.Tensor, scores: list[float], batch_size: int
+    ) -> list[int]:
+        """The trials each prefix keeps when the client's reduced-precision products leave
+        every true input near the span at its own sentence's distance (a weak sentence's
+        tenfold a strong one's), so that no one cut over all prefixes separates them.
+
+        Per prefix: its nearest trials up to the largest ratio between consecutive distances
+        among its ``batch_size + 1`` nearest (a true extension, or several where sentences
+        share the prefix, then the false ones), when that ratio is at least ``PREFIX_GAP``
+        and the kept trials lie within ``PREFIX_JUMP`` of the prefix's own distance so far.
+        A prefix whose sentence has ended has only false trials, close to one another: it
+        keeps none and is finished (docs/design/dager-precision.md).
+        """
+        accepted: list[int] = []
+        for parent in range(len(scores)):
+            trials = torch.nonzero(parents == parent).flatten()
+            nearest = trials[torch.argsort(distances[trials])][: batch_size + 1]
+            values = distances[nearest].clamp_min(1e-300)
+            if len(values) < 2:
+                continue
+            ratios = values[1:] / values[:-1]
+            split = int(torch.argmax(ratios))
+            level = scores[parent]  # 0 before the first position: nothing to jump from
+            jumped = level > 0 and float(values[split]) > PREFIX_JUMP * level
+            if ratios[split] >= PREFIX_GAP and not jumped:
+                accepted += nearest[: split + 1].tolist()
+        if len(accepted) > self.settings.max_beam:
+            self.state.capped = True
+            accepted = sorted(accepted, key=lambda i: distances[i].item())[: self.settings.max_beam]
+        return sorted(accepted)
+
     def _accepted(self, distances: torch.Tensor, cut: float) -> list[int]:
         """The trials under the cut, the nearest ``max_beam`` of them when there are more."""
         accepted = torch.nonzero(distances < cut).flatten().tolist()
@@ -174,7 +215,7 @@ class DecoderSearch(SentenceSearch):
             return Beam(ids, [0.0])
         if not start:
             return Beam(ids, [0.0], past=[])
-        hidden, past = self.adapter.layer_input_cached(self.hf, 1, ids, [])
+        hidden, past = self.adapter.layer_input_cached(self.hf, self.layer2.layer, ids, [])
         return Beam(ids, [0.0], past=past, last_input=hidden[:, -1])
 
     def _extensions(
@@ -192,12 +233,12 @@ class DecoderSearch(SentenceSearch):
             if beam.past is None:
                 ids = torch.cat([beam.ids[rows], new], dim=1)
                 inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-                hidden = self.adapter.layer_input(self.hf, 1, inputs)
+                hidden = self.adapter.layer_input(self.hf, self.layer2.layer, inputs)
                 previous = hidden[:, -2] if hidden.shape[1] > 1 else None
                 yield Extension(hidden[:, -1], previous)
                 continue
             past = [(keys[rows], values[rows]) for keys, values in beam.past]
-            hidden, present = self.adapter.layer_input_cached(self.hf, 1, new, past)
+            hidden, present = self.adapter.layer_input_cached(self.hf, self.layer2.layer, new, past)
             previous = None if beam.last_input is None else beam.last_input[rows]
             yield Extension(hidden[:, -1], previous, present)
 

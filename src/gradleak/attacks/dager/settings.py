@@ -53,6 +53,13 @@ class DagerSettings(AttackSettings):
         "gradient only those its word and position rows place at a position (not in the "
         "paper)",
     )
+    sentence_layer: int | None = Field(
+        None,
+        ge=2,
+        le=4,
+        description="decoders: the layer whose span checks each prefix's new position (2: "
+        "the paper's; default: 3 for a bf16 or float16 client's gradient, else 2)",
+    )
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget in candidate sequences"

@@ -15,11 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
+from gradleak.federated.arithmetic import rounding_std, spacing
+
 # Relative singular values below this are float32 round-off of a clean gradient.
 DEFAULT_RANK_TOL = 1e-6
 # White noise of standard deviation 1 in an m x n matrix has singular values up to about
 # sqrt(m) + sqrt(n) (the Marchenko-Pastur edge); the margin keeps directions clearly above it.
 NOISE_MARGIN = 1.5
+# Noise sized entry by entry (the rounding of bf16 products: an ulp of each entry) and whitened
+# by rows and columns is white to within a few percent: its bulk ends at the edge itself, so
+# a smaller margin keeps the weak directions of the inputs that lie just above it.
+EXACT_NOISE_MARGIN = 1.05
 
 
 @dataclass
@@ -31,6 +37,9 @@ class SpanBasis:
     hidden_size: int
     noise_floor: float | None = None  # the rank's cut when it came from a known noise level
     whitened: bool = False  # blocks divided by their noise: singular values in noise units
+    # The span of inputs divided by this, coordinate-wise, where noise that differs by input
+    # coordinate was whitened (``span_basis``); None: of the inputs themselves.
+    column_scale: torch.Tensor | None = None
 
     @property
     def rank(self) -> int:
@@ -43,9 +52,15 @@ class SpanBasis:
         centred, so they fill only ``hidden_size - 1`` dimensions."""
         return self.rank >= self.hidden_size - 1
 
+    def scaled(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Input vectors in the space the basis spans (see ``column_scale``)."""
+        if self.column_scale is None:
+            return vectors
+        return vectors / self.column_scale.to(vectors.dtype)
+
     def distance(self, vectors: torch.Tensor) -> torch.Tensor:
         """Relative distance ``||v - P v|| / ||v||`` of each row vector (any leading shape)."""
-        v = vectors.to(torch.float64)
+        v = self.scaled(vectors.to(torch.float64))
         projected = (v @ self.basis) @ self.basis.T
         residual = torch.linalg.vector_norm(v - projected, dim=-1)
         return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
@@ -54,7 +69,7 @@ class SpanBasis:
         """``distance`` in float32: accurate far from the span, float32 noise (about 1e-6)
         near it, which is where ``distance`` must take over (see ``SpanCheck``)."""
         basis = self.basis.to(torch.float32)
-        v = vectors.to(torch.float32)
+        v = self.scaled(vectors.to(torch.float32))
         residual = torch.linalg.vector_norm(v - (v @ basis) @ basis.T, dim=-1)
         return residual / torch.linalg.vector_norm(v, dim=-1).clamp_min(1e-30)
 
@@ -85,7 +100,7 @@ class SpanBasis:
             stacked = torch.cat([basis, extra.to(torch.float64).T], dim=1)
             basis = torch.linalg.qr(stacked).Q
         shape = vectors.shape[:-1]
-        flat = vectors.reshape(-1, vectors.shape[-1]).to(torch.float64)
+        flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
         out = [_sparse_fit(part, basis, iterations, tol) for part in flat.split(chunk)]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
 
@@ -147,43 +162,43 @@ def estimate_rank(
 
 def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
     """Standard deviation of the rounding error in a weight delta ``W_new - W_old`` that a
-    client computing in ``dtype`` (the delta's own dtype) sends.
+    client storing its weights in ``dtype`` sends.
 
     Each local step stores the updated weights rounded to ``dtype``: an error about uniform
-    in +-ulp/2 of each entry (variance ulp^2 / 12), independent across entries and steps. In
-    float32 with a small learning rate the update is near that spacing (about 4e-9 for
-    weights near 0.05), so the error is a large share of the delta and fills its spectrum; a
-    float64 client's spacing is 2^29 times finer.
+    in +-ulp/2 of each entry, independent across entries and steps. In float32 with a small
+    learning rate the update is near that spacing (about 4e-9 for weights near 0.05), so the
+    error is a large share of the delta and fills its spectrum; a float64 client's spacing is
+    2^29 times finer, a bf16 client's 2^16 times coarser.
     """
-    w = weight.detach().to(dtype)
-    ulp = (torch.nextafter(w, torch.full_like(w, math.inf)) - w).to(torch.float64)
-    return math.sqrt(steps * float((ulp**2).mean()) / 12)
+    return rounding_std(spacing(weight, dtype), steps)
 
 
 def span_basis(
     gradients: list[torch.Tensor],
     hidden_size: int,
     rank_tol: float | None = DEFAULT_RANK_TOL,
-    noise: list[float] | None = None,
+    noise: list[float | torch.Tensor] | None = None,
 ) -> SpanBasis:
     """Basis of the joint row span of gradients oriented ``[rows, hidden_size]``.
 
     Stacking the q, k and v gradients of one layer is allowed (they read the same input); it
     also covers the first position of a causal model, whose query gets no gradient.
 
-    ``noise`` (one standard deviation per block, e.g. ``rounding_noise`` of a weight delta)
-    whitens the blocks instead: each is divided by its noise, so every block weighs in by its
-    signal-to-noise ratio, and the rank counts the singular values clearly above what white
-    noise alone reaches, about ``sqrt(rows) + sqrt(hidden_size)``.
+    ``noise`` (per block, a standard deviation, e.g. ``rounding_noise`` of a weight delta, or
+    one per entry, e.g. the rounding of bf16 products) whitens the blocks instead, so every
+    block weighs in by its signal-to-noise ratio, and the rank counts the singular values
+    clearly above what white noise alone reaches, about ``sqrt(rows) + sqrt(hidden_size)``.
+    Noise that differs by entry is whitened by its rows and its columns (``_whitened``).
     """
     blocks = [g.to(torch.float64).reshape(-1, hidden_size) for g in gradients]
-    floor = None
+    floor, columns = None, None
     if noise is None:
         # Scale each block to unit norm so one projection's magnitude does not hide another's.
         stacked = torch.cat([b / b.norm().clamp_min(1e-300) for b in blocks])
     else:
-        stacked = torch.cat([b / max(n, 1e-300) for b, n in zip(blocks, noise, strict=True)])
-        floor = NOISE_MARGIN * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
+        stacked, columns = _whitened(blocks, noise)
+        margin = NOISE_MARGIN if columns is None else EXACT_NOISE_MARGIN
+        floor = margin * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
     _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
     rank = estimate_rank(s, rank_tol, None)
     if floor is not None and rank_tol is None:
@@ -192,7 +207,38 @@ def span_basis(
         else:
             rank = estimate_rank(s, None, floor)
     basis = vh[:rank].T.contiguous()
-    return SpanBasis(basis, s, hidden_size, noise_floor=floor, whitened=noise is not None)
+    return SpanBasis(
+        basis, s, hidden_size, noise_floor=floor, whitened=noise is not None, column_scale=columns
+    )
+
+
+def _whitened(
+    blocks: list[torch.Tensor], noise: list[float | torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The blocks stacked with their noise made about white, and the columns' scale (None
+    where the noise is uniform within each block).
+
+    Rounding noise per entry follows the entry's magnitude (an ulp of it), so it is heavy in
+    a gradient's large rows and in the input's large coordinates (an LM's outlier features):
+    far from white. Rows are divided by their noise, which keeps the row span; columns by
+    theirs, which maps every input ``x`` to ``x / scale`` (``SpanBasis.column_scale``).
+    """
+    rows, variances = [], []
+    for block, std in zip(blocks, noise, strict=True):
+        if isinstance(std, torch.Tensor):
+            variance = std.to(torch.float64).reshape(block.shape) ** 2
+            row_std = variance.mean(dim=1, keepdim=True).sqrt().clamp_min(1e-300)
+        else:
+            row_std = block.new_full((block.shape[0], 1), max(std, 1e-300))
+            variance = row_std.square().expand_as(block)
+        rows.append(block / row_std)
+        variances.append(variance / row_std.square())
+    stacked = torch.cat(rows)
+    if not any(isinstance(std, torch.Tensor) for std in noise):
+        return stacked, None
+    scale = torch.cat(variances).mean(dim=0).sqrt()
+    scale = scale.clamp_min(float(scale[scale > 0].min()) if (scale > 0).any() else 1.0)
+    return stacked / scale, scale
 
 
 def gap_threshold(

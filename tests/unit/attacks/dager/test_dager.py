@@ -306,6 +306,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "encoder_sweeps": 8,
         "peel": True,
         "embedding_rows": True,
+        "sentence_layer": None,
         "chunk": 256,
         "max_sequences": 200_000,
         "dropout_check": "auto",
