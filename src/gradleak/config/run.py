@@ -40,6 +40,7 @@ RETIRED_OPTIONS: dict[str, tuple[str, ...]] = {"dager": ("encoder_beam",)}
 
 MAX_BATCH_SIZE = 1024  # examples in one client update: attacks are studied up to a few dozen
 MAX_INPUTS = 100_000  # client updates attacked in one run: published tables attack 100
+MAX_ROUND = 1000  # the federation round attacked: each earlier round is trained once (cached)
 MAX_SHARE_CHARS = 200  # a --share selection: "0-11.qkvofp" names every tensor of 12 layers
 _LENGTHS = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7}))?")  # N or MIN-MAX, ASCII digits
 
@@ -200,6 +201,17 @@ class Scenario(BaseModel):
         json_schema_extra={"option": "--defense"},
     )
     knowledge: Knowledge = Knowledge()
+    round: int = Field(
+        1,
+        ge=1,
+        le=MAX_ROUND,
+        description="the federation round attacked: the global model first trained N-1 rounds "
+        "by this protocol and defenses on other clients' batches (cached)",
+        json_schema_extra={"option": "--round"},
+    )
+    round_clients: int = Field(
+        4, ge=1, le=64, description="clients a round in the rounds before --round"
+    )
 
     _model_path = field_validator("model")(check_path)
 

@@ -34,7 +34,7 @@ from gradleak.errors import GradleakError
 from gradleak.evaluation.canary_audit import CanaryAudit, EmpiricalPrivacy, update_norm
 from gradleak.federated.canaries import CanaryClients
 from gradleak.federated.client import GlobalModel
-from gradleak.federated.payload import UpdatePayload
+from gradleak.federated.server import ServerStep
 from gradleak.models.loading import Victim, load_victim
 from gradleak.models.tasks import classification_logits, model_inputs, task_loss, unwrap
 from gradleak.runtime.devices import resolve_device
@@ -179,44 +179,6 @@ def _dev_examples(config: RunConfig, settings: UtilitySettings, victim: Victim) 
         )
     dev = load_examples(name, data.data_dir, split, data.encoding)
     return chunked(dev, victim, config)[: settings.eval_examples]
-
-
-class ServerStep:
-    """The server's optimizer over the shared tensors, stepped once per round with the mean
-    of the clients' updates as the gradient (a FedAvg delta's negative)."""
-
-    def __init__(self, gm: GlobalModel, optimizer: str = "sgd", lr: float | None = None) -> None:
-        self.gm = gm
-        self.params = dict(gm.model.named_parameters())
-        shared = list({s.param: self.params[s.param] for s in gm.specs}.values())
-        self.optimizer: torch.optim.Optimizer
-        if optimizer == "adam":
-            self.optimizer = torch.optim.Adam(shared, lr=lr or 1e-3)
-        else:
-            default = 1.0 if gm.protocol.algorithm == "fedavg" else gm.protocol.lr
-            self.optimizer = torch.optim.SGD(shared, lr=lr or default)
-
-    def apply(self, updates: list[UpdatePayload]) -> None:
-        """One server step with the mean of ``updates``."""
-        with torch.no_grad():
-            mean = {
-                spec.key: torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
-                for spec in self.gm.specs
-            }
-        self.step(mean, updates[0].kind)
-
-    def step(self, mean: dict[str, torch.Tensor], kind: str) -> None:
-        """One server step: each shared tensor's gradient is the ``mean`` update of ``kind``
-        (a view of its parameter's gradient, so GPT-2's fused q/k/v slices too; the rest of
-        it stays 0)."""
-        sign = -1.0 if kind == "weight_delta" else 1.0
-        for param in self.optimizer.param_groups[0]["params"]:
-            param.grad = torch.zeros_like(param)
-        with torch.no_grad():
-            for spec in self.gm.specs:
-                spec.take(self.params[spec.param].grad).copy_(sign * mean[spec.key])
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 def evaluate_model(

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from gradleak.federated.client import GlobalModel
+from gradleak.federated.payload import UpdatePayload
 from gradleak.models.tasks import EncodedBatch
 
 
@@ -106,3 +107,41 @@ def server_knowledge(
         public_data=public_data,
         raw_tokens=batch.raw_tokens,
     )
+
+
+class ServerStep:
+    """The server's optimizer over the shared tensors, stepped once per round with the mean
+    of the clients' updates as the gradient (a FedAvg delta's negative)."""
+
+    def __init__(self, gm: GlobalModel, optimizer: str = "sgd", lr: float | None = None) -> None:
+        self.gm = gm
+        self.params = dict(gm.model.named_parameters())
+        shared = list({s.param: self.params[s.param] for s in gm.specs}.values())
+        self.optimizer: torch.optim.Optimizer
+        if optimizer == "adam":
+            self.optimizer = torch.optim.Adam(shared, lr=lr or 1e-3)
+        else:
+            default = 1.0 if gm.protocol.algorithm == "fedavg" else gm.protocol.lr
+            self.optimizer = torch.optim.SGD(shared, lr=lr or default)
+
+    def apply(self, updates: list[UpdatePayload]) -> None:
+        """One server step with the mean of ``updates``."""
+        with torch.no_grad():
+            mean = {
+                spec.key: torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
+                for spec in self.gm.specs
+            }
+        self.step(mean, updates[0].kind)
+
+    def step(self, mean: dict[str, torch.Tensor], kind: str) -> None:
+        """One server step: each shared tensor's gradient is the ``mean`` update of ``kind``
+        (a view of its parameter's gradient, so GPT-2's fused q/k/v slices too; the rest of
+        it stays 0)."""
+        sign = -1.0 if kind == "weight_delta" else 1.0
+        for param in self.optimizer.param_groups[0]["params"]:
+            param.grad = torch.zeros_like(param)
+        with torch.no_grad():
+            for spec in self.gm.specs:
+                spec.take(self.params[spec.param].grad).copy_(sign * mean[spec.key])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)

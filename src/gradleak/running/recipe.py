@@ -42,6 +42,7 @@ from gradleak.runtime.seeds import (
     derived_seed,
 )
 from gradleak.scenario.examples import chunked, client_batches, of_lengths
+from gradleak.scenario.rounds import advance_to_round
 
 
 @dataclass
@@ -100,6 +101,8 @@ def prepare(config: RunConfig, device: torch.device | str = "cpu") -> Prepared:
     # built on the CPU (LoRA's initialization is drawn there: the same on every device)
     global_model = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     global_model.model.to(device)
+    attacked = data.n_inputs * clients_of(defenses) * data.batch_size
+    advance_to_round(global_model, config, examples, attacked)
     load_s = time.perf_counter() - start
     notices = [notice] if notice else []
     return Prepared(victim, global_model, batches, others, task, attack, defenses, load_s, notices)
