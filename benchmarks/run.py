@@ -25,8 +25,9 @@ Suites:
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
   dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
                  MiniLM, CoLA B=8.
-  dager_rounding what a float32 and a float64 FedAvg client leave of the batch in layer 1's
-                 q delta (zero entries, singular values, DAGER's rank), SmolLM2 CoLA B=16, E=2.
+  dager_rounding what float32, float64, pure bf16 and bf16-autocast FedAvg clients leave of the
+                 batch in layer 1's q delta (zero entries, singular values, DAGER's rank),
+                 SmolLM2 CoLA B=16, E=2.
   lti_speed      LTI's costs on lti-lm: training updates per second (per-example gradients,
                  hashing), an inversion-model step with each head, reading one update.
 ``python benchmarks/stack_scaling.py`` (its own options) times LAMP_cos's and TAG's stacked

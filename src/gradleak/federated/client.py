@@ -15,6 +15,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradleak.data import Example
+from gradleak.errors import GradleakError
 from gradleak.federated.arithmetic import client_arithmetic, storage_dtype
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.private import PrivateGradients, PrivateSteps, Staged
@@ -295,16 +296,22 @@ def _client_gradients(
     two, halved while the scaled gradient overflows). bf16 has float32's range: no scale.
     """
     protocol = global_model.protocol
-    scale = LOSS_SCALE if protocol.autocast == "float16" else 1.0
-    while True:
+    if protocol.autocast != "float16":
+        with client_arithmetic(protocol, global_model.device):
+            loss = global_model.batch_loss(model, batch)
+        return torch.autograd.grad(loss, params, allow_unused=True)
+    scale = LOSS_SCALE
+    while scale >= 1.0:
         with client_arithmetic(protocol, global_model.device):
             loss = global_model.batch_loss(model, batch)
         grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
-        if scale == 1.0:
-            return grads
         if all(g is None or bool(torch.isfinite(g).all()) for g in grads):
             return tuple(None if g is None else g / scale for g in grads)
         scale /= 2
+    raise GradleakError(
+        "the float16 client's gradient is not finite at any loss scale (the loss itself "
+        "overflows float16): use --autocast bfloat16"
+    )
 
 
 def _private_gradient(
