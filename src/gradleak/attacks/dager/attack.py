@@ -76,36 +76,53 @@ class DagerAttack(Attack[DagerSettings]):
         refusal = defense_refusal(knowledge.defenses)
         if refusal is not None:
             return refusal
-        indices = [0, 1]  # layer 2's rank limits the batch even where a deeper layer searches
-        sentence = self._sentence_layer(update, knowledge)
-        if sentence not in indices:
-            indices.append(sentence)
         layers: list[LayerCheck] = []
-        for layer in indices:
-            checked = layer_check(update, knowledge, layer, self.settings)
-            refusal = full_rank_refusal(
-                checked, layer, knowledge.defenses, update, self.settings.rank_tol
-            )
-            refusal = refusal or pruning_refusal(checked, layer)
-            if refusal is not None:
-                return refusal
+        for layer in (0, 1):  # layer 2's rank limits the batch even where a deeper one searches
+            checked = self._layer(update, knowledge, layer)
+            if isinstance(checked, Refusal):
+                return checked
             layers.append(checked)
-        return DagerPlan(layers[0], layers[-1])
+        near = self._near(update, knowledge)
+        sentence = self._sentence_layer(knowledge, near)
+        if sentence != 1:
+            checked = self._layer(update, knowledge, sentence)
+            if isinstance(checked, Refusal):
+                return checked
+            layers.append(checked)
+        return DagerPlan(layers[0], replace(layers[-1], near=near))
 
-    def _sentence_layer(self, update: UpdatePayload, knowledge: ServerKnowledge) -> int:
-        """The layer (0-based) whose span the decoder's sentence search checks: the
-        setting's, else layer 3 for a reduced-precision client's gradient and layer 2 (the
-        paper's) otherwise. Rounded products leave true prefixes near the span, each
-        sentence at its own distance; context moves a false prefix's input about ten times
-        farther at layer 3 than at layer 2 (docs/design/dager-precision.md). Encoders search
-        at layer 2."""
+    def _layer(
+        self, update: UpdatePayload, knowledge: ServerKnowledge, layer: int
+    ) -> LayerCheck | Refusal:
+        """Layer ``layer``'s span checks, or the refusal they call for."""
+        checked = layer_check(update, knowledge, layer, self.settings)
+        refusal = full_rank_refusal(
+            checked, layer, knowledge.defenses, update, self.settings.rank_tol
+        )
+        return refusal or pruning_refusal(checked, layer) or checked
+
+    @staticmethod
+    def _near(update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
+        """Whether a decoder's true prefixes lie near the sentence layer's span rather than in
+        it, each sentence at its own distance: a reduced-precision client's gradient. (A
+        public noise defense does too, but there the layer-1 tokens are the first loss, and
+        judging prefixes alone did not change the measured figures: it keeps the paper's
+        layer-2 search.)"""
         gm = knowledge.global_model
-        if not gm.adapter.is_decoder:
+        rounded = input_rounding(gm.protocol) is not None
+        return gm.adapter.is_decoder and update.kind == "gradient" and rounded
+
+    def _sentence_layer(self, knowledge: ServerKnowledge, near: bool) -> int:
+        """The layer (0-based) whose span the decoder's sentence search checks: the
+        setting's, else layer 3 where true prefixes lie near the span (``_near``) and layer 2
+        (the paper's) otherwise. Context moves a false prefix's input about ten times farther
+        at layer 3 than at layer 2, while the noise leaves true ones about where they were
+        (docs/design/dager-precision.md). Encoders search at layer 2."""
+        if not knowledge.global_model.adapter.is_decoder:
             return 1
         if self.settings.sentence_layer is not None:
             return self.settings.sentence_layer - 1
-        rounded = input_rounding(gm.protocol) is not None
-        return 2 if rounded and update.kind == "gradient" else 1
+        return 2 if near else 1
 
     def run(
         self,

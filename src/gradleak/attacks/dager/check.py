@@ -114,6 +114,9 @@ class LayerCheck:
 
     checks: list[SpanCheck]
     layer: int = 1  # the layer whose q/k/v read the checked inputs (0-based)
+    # Whether true inputs lie near the span, each sentence at its own distance, rather than in
+    # it (a gradient whose noise the server knows): a decoder then judges each prefix alone.
+    near: bool = False
     # How far the inputs of an update's later local steps may lie from the server's version
     # of them (relative distance; 0 for a single step, see ``drift.py``).
     drift: float = 0.0
@@ -133,12 +136,6 @@ class LayerCheck:
         """Whether a span was cut at a known noise floor (a weight delta's rounding): true
         inputs then lie only near it, and no clear gap separates them."""
         return any(c.span.noise_floor is not None for c in self.checks)
-
-    @property
-    def rounded(self) -> bool:
-        """Whether the client's products rounded the checked inputs (bf16, float16): true
-        inputs then lie near the span, each sentence at its own distance, not in it."""
-        return any(c.rounding is not None for c in self.checks)
 
     @property
     def plain(self) -> list[SpanCheck]:

@@ -24,10 +24,8 @@ from gradleak.models.tasks import end_with_eos
 # floor; above it a noisy span's true prefixes may be anywhere (see ``DecoderSearch._cut``).
 CLEAN_CUT = 1e-3
 # A reduced-precision client's prefix keeps its nearest trials when the next is this many
-# times farther, and when they lie within PREFIX_JUMP of the prefix's distance so far: a true
-# extension stays at its sentence's level, a false one after the sentence's end jumps far
-# above it (measured: docs/design/dager-precision.md).
-PREFIX_GAP, PREFIX_JUMP = 2.0, 10.0
+# times farther (measured: docs/design/dager-precision.md).
+PREFIX_GAP = 2.0
 
 
 @dataclass
@@ -87,6 +85,7 @@ class DecoderSearch(SentenceSearch):
         finished: list[tuple[list[int], float]] = []
         checked = 0
         level = None  # the largest distance a true prefix has passed at so far
+        reach = 0.0  # the same, where each prefix is judged alone (``_accepted_by_prefix``)
         for position in range(len(start), self.settings.max_length):
             tokens = self._options(candidates, position)
             if not tokens or not len(beam):
@@ -101,9 +100,11 @@ class DecoderSearch(SentenceSearch):
                 self.state.notes.append(f"search budget of {self.settings.max_sequences} spent")
                 break
             distances = self._trial_distances(beam, parents, added)
-            if self.layer2.rounded:
+            if self.layer2.near:
                 cut = math.inf  # no cut: each prefix's nearest trials are judged alone
-                accepted = self._accepted_by_prefix(distances, parents, beam.scores, batch_size)
+                accepted, reach = self._accepted_by_prefix(
+                    distances, parents, len(beam), batch_size, reach
+                )
             else:
                 cut = self._cut(distances, len(beam), level, batch_size)
                 accepted = self._accepted(distances, cut)
@@ -165,21 +166,29 @@ class DecoderSearch(SentenceSearch):
         return cut
 
     def _accepted_by_prefix(
-        self, distances: torch.Tensor, parents: torch.Tensor, scores: list[float], batch_size: int
-    ) -> list[int]:
-        """The trials each prefix keeps when the client's reduced-precision products leave
-        every true input near the span at its own sentence's distance (a weak sentence's
-        tenfold a strong one's), so that no one cut over all prefixes separates them.
+        self,
+        distances: torch.Tensor,
+        parents: torch.Tensor,
+        width: int,
+        batch_size: int,
+        reach: float,
+    ) -> tuple[list[int], float]:
+        """The trials each prefix keeps when noise the server knows (a reduced-precision
+        client's rounding) leaves every true input near the span at its own sentence's
+        distance (a weak sentence's tenfold a strong one's), so that no one cut over all
+        prefixes separates them; and the distance true trials have reached so far.
 
         Per prefix: its nearest trials up to the largest ratio between consecutive distances
-        among its ``batch_size + 1`` nearest (a true extension, or several where sentences
-        share the prefix, then the false ones), when that ratio is at least ``PREFIX_GAP``
-        and the kept trials lie within ``PREFIX_JUMP`` of the prefix's own distance so far.
-        A prefix whose sentence has ended has only false trials, close to one another: it
-        keeps none and is finished (docs/design/dager-precision.md).
+        among its ``batch_size + 1`` nearest (a true extension, then the false ones), when
+        that ratio is at least ``PREFIX_GAP``. A prefix that keeps some also keeps its other
+        trials within ``reach``, the farthest any kept trial has been: sentences that share
+        the prefix continue it at their own distances, and the largest ratio may fall
+        between two of them. A prefix whose sentence has ended has only false trials, close
+        to one another: it keeps none and is finished (docs/design/dager-precision.md).
         """
         accepted: list[int] = []
-        for parent in range(len(scores)):
+        groups: list[torch.Tensor] = []
+        for parent in range(width):
             trials = torch.nonzero(parents == parent).flatten()
             nearest = trials[torch.argsort(distances[trials])][: batch_size + 1]
             values = distances[nearest].clamp_min(1e-300)
@@ -187,14 +196,16 @@ class DecoderSearch(SentenceSearch):
                 continue
             ratios = values[1:] / values[:-1]
             split = int(torch.argmax(ratios))
-            level = scores[parent]  # 0 before the first position: nothing to jump from
-            jumped = level > 0 and float(values[split]) > PREFIX_JUMP * level
-            if ratios[split] >= PREFIX_GAP and not jumped:
+            if ratios[split] >= PREFIX_GAP:
                 accepted += nearest[: split + 1].tolist()
+                reach = max(reach, float(values[split]))
+                groups.append(nearest[split + 1 :])
+        for rest in groups:
+            accepted += rest[distances[rest] <= reach].tolist()
         if len(accepted) > self.settings.max_beam:
             self.state.capped = True
             accepted = sorted(accepted, key=lambda i: distances[i].item())[: self.settings.max_beam]
-        return sorted(accepted)
+        return sorted(accepted), reach
 
     def _accepted(self, distances: torch.Tensor, cut: float) -> list[int]:
         """The trials under the cut, the nearest ``max_beam`` of them when there are more."""

@@ -61,24 +61,23 @@ def test_dager_recovers_a_bf16_clients_batch_of_two_with_float32s_ranks(client):
     assert ranks[0] == ranks[1]
 
 
-def test_each_prefix_keeps_its_nearest_trials_up_to_a_clear_ratio_and_no_jump():
+def test_each_prefix_keeps_its_nearest_trials_up_to_its_largest_clear_ratio():
     """Four prefixes, four trials each: one true extension; two (sentences that share the
-    prefix); a sentence that has ended (false trials close together); a true-looking trial
-    ten times above the prefix's own distance so far (a jump past the sentence's end)."""
+    prefix); a sentence that has ended (false trials close together); a shared prefix whose
+    second sentence is weaker than the ratio's split, kept by the reach true trials have."""
     search = DecoderSearch(None, None, None, DagerSettings(), SearchState())
     distances = torch.tensor(
         [1e-3, 1e-1, 2e-1, 3e-1]  # prefix 0
         + [1e-3, 2e-3, 1e-1, 2e-1]  # prefix 1
         + [1e-1, 1.1e-1, 1.2e-1, 1.3e-1]  # prefix 2
-        + [5e-2, 5e-1, 6e-1, 7e-1],  # prefix 3
+        + [1e-4, 1e-2, 1.5e-1, 2e-1],  # prefix 3
         dtype=torch.float64,
     )
     parents = torch.arange(4).repeat_interleave(4)
-    scores = [1e-3, 1e-3, 1e-3, 1e-3]
-    assert search._accepted_by_prefix(distances, parents, scores, batch_size=4) == [0, 4, 5]
-    # With no distance so far (the first position) nothing counts as a jump.
-    first = search._accepted_by_prefix(distances, parents, [0.0] * 4, batch_size=4)
-    assert first == [0, 4, 5, 12]
+    kept, reach = search._accepted_by_prefix(distances, parents, 4, batch_size=4, reach=0.0)
+    assert kept == [0, 4, 5, 12] and reach == 2e-3
+    kept, reach = search._accepted_by_prefix(distances, parents, 4, batch_size=4, reach=2e-2)
+    assert kept == [0, 4, 5, 12, 13] and reach == 2e-2
 
 
 def test_a_bf16_gradients_sentences_are_checked_at_layer_3_unless_set():
