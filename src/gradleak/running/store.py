@@ -218,7 +218,9 @@ class _Hold:
 
 
 _HOLDS: dict[str, _Hold] = {}
-_HOLDS_GUARD = threading.Lock()
+# Reentrant: a collected store's finalizer (``_let_go``) runs wherever garbage collection does,
+# also in a thread that holds the guard (FileLock's constructor in ``_hold`` allocates).
+_HOLDS_GUARD = threading.RLock()
 
 
 def _key(lock_path: Path) -> str:

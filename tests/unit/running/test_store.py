@@ -12,6 +12,7 @@ import pytest
 
 from gradleak.config.options import config_from_options
 from gradleak.errors import GradleakError
+from gradleak.running import store as store_module
 from gradleak.running.store import ResultStore
 
 IDENTITY = config_from_options({"model": "tiny-bert", "dataset": "demo"}).identity()
@@ -166,3 +167,27 @@ def test_an_out_that_cannot_be_written_is_a_one_line_error(tmp_path):
     with pytest.raises(GradleakError, match=r"^cannot write .*a-file.*: \S") as caught:
         store(blocker / "run.json").start()
     assert "\n" not in str(caught.value)
+
+
+def test_a_finalizer_run_while_this_thread_holds_the_guard_does_not_hang(tmp_path):
+    """Garbage collection runs a collected store's finalizer at any allocation, also inside
+    another store's start while this thread holds the guard of the process's holds (a
+    FileLock's constructor allocates): the finalizer must get through, not wait on itself."""
+    held = store(tmp_path / "run.json")
+    held.start()
+    key = store_module._key(held.lock_path)
+    done = threading.Event()
+
+    def collect_inside_the_guard():
+        with store_module._HOLDS_GUARD:
+            store_module._let_go(key, held._token)
+        done.set()
+
+    thread = threading.Thread(target=collect_inside_the_guard, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert done.is_set()
+    assert key not in store_module._HOLDS
+    again = store(tmp_path / "run.json")
+    again.start()  # the lock was let go
+    again.close()
