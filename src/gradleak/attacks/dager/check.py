@@ -421,16 +421,17 @@ def _span(
     steps = int(update.metadata.get("local_steps", 1))
     noise: list[float | torch.Tensor] = []
     for block in blocks:
-        std = noise_std(defenses, block.tensor, _rounding(update, block, protocol), update.metadata)
+        stored = _rounding(update, block, protocol, steps)
+        std = noise_std(defenses, block.tensor, stored, update.metadata)
         products = product_rounding(block.tensor, protocol, steps)
         noise.append(std if products is None else torch.sqrt(products.square() + std**2))
     known = any(isinstance(n, torch.Tensor) or n > 0 for n in noise)
     return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if known else None)
 
 
-def _rounding(update: UpdatePayload, block: Block, protocol: Protocol) -> float:
-    """Standard deviation of the rounding the client's stored weights left in ``block``."""
+def _rounding(update: UpdatePayload, block: Block, protocol: Protocol, steps: int) -> float:
+    """Standard deviation of the rounding the client's stored weights left in ``block`` over
+    ``steps`` local steps."""
     if update.kind != "weight_delta":
         return 0.0
-    steps = int(update.metadata.get("local_steps", 1))
     return rounding_noise(block.weight, steps, storage_dtype(protocol))

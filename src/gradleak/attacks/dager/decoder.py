@@ -102,9 +102,7 @@ class DecoderSearch(SentenceSearch):
             distances = self._trial_distances(beam, parents, added)
             if self.layer2.near:
                 cut = math.inf  # no cut: each prefix's nearest trials are judged alone
-                accepted, reach = self._accepted_by_prefix(
-                    distances, parents, len(beam), batch_size, reach
-                )
+                accepted, reach = self._accepted_by_prefix(distances, len(beam), batch_size, reach)
             else:
                 cut = self._cut(distances, len(beam), level, batch_size)
                 accepted = self._accepted(distances, cut)
@@ -166,17 +164,13 @@ class DecoderSearch(SentenceSearch):
         return cut
 
     def _accepted_by_prefix(
-        self,
-        distances: torch.Tensor,
-        parents: torch.Tensor,
-        width: int,
-        batch_size: int,
-        reach: float,
+        self, distances: torch.Tensor, width: int, batch_size: int, reach: float
     ) -> tuple[list[int], float]:
         """The trials each prefix keeps when noise the server knows (a reduced-precision
         client's rounding) leaves every true input near the span at its own sentence's
         distance (a weak sentence's tenfold a strong one's), so that no one cut over all
         prefixes separates them; and the distance true trials have reached so far.
+        ``distances`` are prefix-major: ``width`` prefixes, each extended by every token.
 
         Per prefix: its nearest trials up to the largest ratio between consecutive distances
         among its ``batch_size + 1`` nearest (a true extension, then the false ones), when
@@ -186,20 +180,20 @@ class DecoderSearch(SentenceSearch):
         between two of them. A prefix whose sentence has ended has only false trials, close
         to one another: it keeps none and is finished (docs/design/dager-precision.md).
         """
+        per_prefix = distances.view(width, -1)
+        tokens = per_prefix.shape[1]
+        if tokens < 2:
+            return [], reach
+        values, order = torch.topk(per_prefix, min(batch_size + 1, tokens), largest=False)
+        values = values.clamp_min(1e-300)
+        ratios, splits = (values[:, 1:] / values[:, :-1]).max(dim=1)
         accepted: list[int] = []
         groups: list[torch.Tensor] = []
-        for parent in range(width):
-            trials = torch.nonzero(parents == parent).flatten()
-            nearest = trials[torch.argsort(distances[trials])][: batch_size + 1]
-            values = distances[nearest].clamp_min(1e-300)
-            if len(values) < 2:
-                continue
-            ratios = values[1:] / values[:-1]
-            split = int(torch.argmax(ratios))
-            if ratios[split] >= PREFIX_GAP:
-                accepted += nearest[: split + 1].tolist()
-                reach = max(reach, float(values[split]))
-                groups.append(nearest[split + 1 :])
+        for parent in torch.nonzero(ratios >= PREFIX_GAP).flatten().tolist():
+            split, nearest = int(splits[parent]), parent * tokens + order[parent]
+            accepted += nearest[: split + 1].tolist()
+            reach = max(reach, float(values[parent, split]))
+            groups.append(nearest[split + 1 :])
         for rest in groups:
             accepted += rest[distances[rest] <= reach].tolist()
         if len(accepted) > self.settings.max_beam:

@@ -73,10 +73,9 @@ def test_each_prefix_keeps_its_nearest_trials_up_to_its_largest_clear_ratio():
         + [1e-4, 1e-2, 1.5e-1, 2e-1],  # prefix 3
         dtype=torch.float64,
     )
-    parents = torch.arange(4).repeat_interleave(4)
-    kept, reach = search._accepted_by_prefix(distances, parents, 4, batch_size=4, reach=0.0)
+    kept, reach = search._accepted_by_prefix(distances, 4, batch_size=4, reach=0.0)
     assert kept == [0, 4, 5, 12] and reach == 2e-3
-    kept, reach = search._accepted_by_prefix(distances, parents, 4, batch_size=4, reach=2e-2)
+    kept, reach = search._accepted_by_prefix(distances, 4, batch_size=4, reach=2e-2)
     assert kept == [0, 4, 5, 12, 13] and reach == 2e-2
 
 
