@@ -8,12 +8,16 @@ sees either no entry or a finished one, never a half-written one.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import torch
 from filelock import FileLock
 
 ENV_CACHE_DIR = "GRADLEAK_CACHE_DIR"
@@ -72,3 +76,25 @@ def cached_conversion(
             shutil.rmtree(work, ignore_errors=True)
             raise
     return target
+
+
+def digest(key: dict[str, Any]) -> str:
+    """A cache entry's name: a hash of its key's canonical JSON."""
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def weights_digest(tensors: list[torch.Tensor]) -> str:
+    """A fingerprint of the global model's weights (their bytes, in order)."""
+    h = hashlib.sha256()
+    for tensor in tensors:
+        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def texts_digest(texts: list[str]) -> str:
+    """A fingerprint of a list of texts (the training data)."""
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode("utf-8") + b"\x00")
+    return h.hexdigest()[:24]

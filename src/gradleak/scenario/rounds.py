@@ -17,7 +17,6 @@ second run with the same key loads them, and two runs that need the same entry t
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from gradleak.defenses.round import client_round, split_at_combination
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.server import ServerStep
-from gradleak.models.cache import cache_dir, cached_conversion
+from gradleak.models.cache import cache_dir, cached_conversion, digest, texts_digest, weights_digest
 from gradleak.runtime.seeds import derived_seed
 from gradleak.version import __version__
 
@@ -69,7 +68,7 @@ def advance_to_round(
         return
     batches = earlier_batches(examples, config, attacked)
     key = _key(gm, config, batches)
-    entry = cache_dir() / "rounds" / _digest(key)
+    entry = cache_dir() / "rounds" / digest(key)
     try:
         cached_conversion(
             entry,
@@ -130,12 +129,10 @@ def _shared(gm: GlobalModel) -> list[str]:
 
 
 def _key(gm: GlobalModel, config: RunConfig, batches: list[list[Example]]) -> dict[str, Any]:
-    """Everything that shapes the earlier rounds' weights."""
+    """Everything that shapes the earlier rounds' weights: round 1's weights (frozen ones
+    included: a changed checkpoint is another federation) and the other clients' examples."""
     scenario = config.scenario
-    texts = hashlib.sha256()
-    for batch in batches:
-        for example in batch:
-            texts.update(json.dumps([example.text, example.label]).encode("utf-8") + b"\x00")
+    examples = [json.dumps([ex.text, ex.label]) for batch in batches for ex in batch]
     return {
         "gradleak": __version__,
         "model": scenario.model,
@@ -147,21 +144,6 @@ def _key(gm: GlobalModel, config: RunConfig, batches: list[list[Example]]) -> di
         "round": scenario.round,
         "round_clients": scenario.round_clients,
         "batch_size": scenario.data.batch_size,
-        "batches": texts.hexdigest(),
-        "initial_weights": _weights_digest(gm),
+        "batches": texts_digest(examples),
+        "initial_weights": weights_digest(list(gm.model.parameters())),
     }
-
-
-def _weights_digest(gm: GlobalModel) -> str:
-    """A fingerprint of round 1's weights, frozen ones included (a changed checkpoint, or a
-    model folder edited in place, is another federation)."""
-    h = hashlib.sha256()
-    for name, param in gm.model.named_parameters():
-        h.update(name.encode("utf-8"))
-        h.update(param.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
-def _digest(key: dict[str, Any]) -> str:
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]

@@ -38,6 +38,7 @@ from gradleak.defenses import build_defenses
 from gradleak.errors import GradleakError, GradleakNotice, last_line
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
+from gradleak.models.cache import digest, texts_digest, weights_digest
 from gradleak.models.tasks import unwrap
 from gradleak.runtime.progress import progress_bar
 
@@ -141,7 +142,7 @@ class LtiAttack(Attack[LtiSettings]):
         """The trained model for this scenario: held, cached on disk, given, or trained now."""
         sequences, texts, source = self._training_data(knowledge)
         key = self._key(update, knowledge, plan, hasher, texts, source)
-        name = checkpoint.digest(key)
+        name = digest(key)
         if name in self._trained:
             return self._trained[name]
         model = self._model(knowledge, plan)
@@ -307,14 +308,14 @@ class LtiAttack(Attack[LtiSettings]):
             for ex in examples
         ]
         source = {"dataset": name, "split": split, "texts": len(texts), "chunk_tokens": chunk}
-        return sequences, texts, source | {"fingerprint": checkpoint.texts_digest(texts)}
+        return sequences, texts, source | {"fingerprint": texts_digest(texts)}
 
     def _key(self, update, knowledge, plan, hasher, texts, source) -> dict[str, Any]:
         gm = knowledge.global_model
         if gm.model not in self._weights:
             params = dict(gm.model.named_parameters())
             tensors = [params[x.param] for x in gm.specs]
-            self._weights[gm.model] = checkpoint.weights_digest(tensors)
+            self._weights[gm.model] = weights_digest(tensors)
         s = self.settings
         return {
             "attack": self.name,

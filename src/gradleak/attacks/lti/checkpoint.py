@@ -14,7 +14,6 @@ The lock's holder removes the partial files a killed save of the entry left behi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -29,28 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gradleak.errors import GradleakError
-from gradleak.models.cache import cache_dir, lock_path
-
-
-def digest(key: dict[str, Any]) -> str:
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def weights_digest(tensors: list[torch.Tensor]) -> str:
-    """A fingerprint of the global model's weights (their bytes, in order)."""
-    h = hashlib.sha256()
-    for tensor in tensors:
-        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
-def texts_digest(texts: list[str]) -> str:
-    """A fingerprint of a list of texts (the training data)."""
-    h = hashlib.sha256()
-    for text in texts:
-        h.update(text.encode("utf-8") + b"\x00")
-    return h.hexdigest()[:24]
+from gradleak.models.cache import cache_dir, digest, lock_path
 
 
 def cached_path(key: dict[str, Any]) -> Path:
