@@ -5,15 +5,17 @@ the attacked client's own update."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from gradleak.data import Example
 from gradleak.defenses.base import AcrossClientsDefense, Defense
 from gradleak.defenses.chain import apply_update_defenses
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.payload import UpdatePayload
 from gradleak.models.tasks import EncodedBatch
+from gradleak.runtime.seeds import derived_seed
 
 # seeds(j) -> (the client's seed, its defenses' seed) for client j (0: the attacked one);
 # seeds(len(batches)) seeds the defenses that act on the combination.
@@ -58,6 +60,30 @@ def defended_update(
     """One client's update on ``batch`` with its own ``defenses``: per-sample ones (DP-SGD)
     inside its steps, per-update ones on the result; (its seed, its defenses' seed)."""
     return client_round(global_model, batch, defenses, seeds)[1]
+
+
+def clients_rounds(
+    global_model: GlobalModel,
+    batches: Sequence[Sequence[Example]],
+    defenses: Sequence[Defense],
+    max_tokens: int | None,
+    seeds: Seeds,
+) -> Iterator[tuple[UpdatePayload, UpdatePayload]]:
+    """:func:`client_round` of each client of a fine-tuning round in turn, client ``k``
+    holding ``batches[k]`` and seeded by ``seeds(k)``: its update before and after its
+    per-update defenses (one client's at a time: a caller keeps what it needs of each)."""
+    for k, examples in enumerate(batches):
+        batch = global_model.encode(list(examples), max_tokens)
+        yield client_round(global_model, batch, defenses, seeds(k))
+
+
+def seeded_clients(seed: int, stream: int, first: int = 0) -> Seeds:
+    """Client ``k``'s seeds (its own, its defenses') from ``stream`` of the run's ``seed``,
+    the clients counted from ``first``."""
+    return lambda k: (
+        derived_seed(seed, first + k, stream),
+        derived_seed(seed, first + k, stream + 1),
+    )
 
 
 def client_round(

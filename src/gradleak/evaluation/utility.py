@@ -29,7 +29,7 @@ from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.data import Example, load_examples, natural_task, require_chunkable, sample_batches
 from gradleak.defenses import build_defenses
 from gradleak.defenses.base import Defense
-from gradleak.defenses.round import client_round, split_at_combination
+from gradleak.defenses.round import clients_rounds, seeded_clients, split_at_combination
 from gradleak.errors import GradleakError
 from gradleak.evaluation.canary_audit import CanaryAudit, EmpiricalPrivacy, update_norm
 from gradleak.federated.canaries import CanaryClients
@@ -123,14 +123,10 @@ def measure_utility(
     scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
         updates, norms = [], []
-        for k in range(settings.clients):
-            j = r * settings.clients + k
-            batch = gm.encode(batches[j], data.max_tokens)
-            seeds = (
-                derived_seed(config.seed, j, UTILITY_STREAM),
-                derived_seed(config.seed, j, UTILITY_STREAM + 1),
-            )
-            undefended, sent = client_round(gm, batch, own, seeds)
+        first = r * settings.clients
+        clients = batches[first : first + settings.clients]
+        seeds = seeded_clients(config.seed, UTILITY_STREAM, first)
+        for undefended, sent in clients_rounds(gm, clients, own, data.max_tokens, seeds):
             updates.append(sent)
             norms.append(update_norm(undefended))
             del undefended

@@ -27,12 +27,11 @@ from safetensors.torch import load_file, save_file
 from gradleak.config import RunConfig
 from gradleak.data import Example, lamp_order
 from gradleak.defenses import build_defenses
-from gradleak.defenses.round import client_round, split_at_combination
+from gradleak.defenses.round import clients_rounds, seeded_clients, split_at_combination
 from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.server import ServerStep
 from gradleak.models.cache import cache_dir, cached_conversion, digest, texts_digest, weights_digest
-from gradleak.runtime.seeds import derived_seed
 from gradleak.version import __version__
 
 ROUND_STREAM = 3000  # seed stream of the earlier rounds' clients, apart from the attacked ones'
@@ -90,17 +89,12 @@ def train_rounds(gm: GlobalModel, config: RunConfig, batches: list[list[Example]
     scenario = config.scenario
     own, _, _ = split_at_combination(build_defenses(scenario.defenses))
     server = ServerStep(gm)
-    for r in range(scenario.round - 1):
-        updates = []
-        for k in range(scenario.round_clients):
-            j = r * scenario.round_clients + k
-            batch = gm.encode(batches[j], scenario.data.max_tokens)
-            seeds = (
-                derived_seed(config.seed, j, ROUND_STREAM),
-                derived_seed(config.seed, j, ROUND_STREAM + 1),
-            )
-            updates.append(client_round(gm, batch, own, seeds)[1])
-        server.apply(updates)
+    size = scenario.round_clients
+    for first in range(0, (scenario.round - 1) * size, size):
+        seeds = seeded_clients(config.seed, ROUND_STREAM, first)
+        clients = batches[first : first + size]
+        rounds = clients_rounds(gm, clients, own, scenario.data.max_tokens, seeds)
+        server.apply([sent for _, sent in rounds])
 
 
 def _train(
