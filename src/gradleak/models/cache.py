@@ -15,10 +15,12 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from filelock import FileLock
+
+if TYPE_CHECKING:
+    import torch
 
 ENV_CACHE_DIR = "GRADLEAK_CACHE_DIR"
 PARTIAL_SUFFIX = ".partial"
@@ -86,6 +88,8 @@ def digest(key: dict[str, Any]) -> str:
 
 def weights_digest(tensors: list[torch.Tensor]) -> str:
     """A fingerprint of the global model's weights (their bytes, in order)."""
+    import torch  # here: the front door reads cache_dir without loading torch
+
     h = hashlib.sha256()
     for tensor in tensors:
         h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
