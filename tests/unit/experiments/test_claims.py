@@ -1,0 +1,197 @@
+"""Claims decided from kept inputs: the figures are the kept samples' means, each relation and
+verdict as documented, bad claim files are one line, and the results document in docs/ is what
+the kept records give."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from gradleak.errors import GradleakError
+from gradleak.evaluation.metrics import paper_scores, strict_scores
+from gradleak.experiments.claims import evaluate, read_claims
+from gradleak.experiments.grid import expand
+from gradleak.experiments.spec import read_experiment
+from gradleak.reports.claims import render_results
+from tests.helpers import ROOT
+
+REFERENCES = ["the cat sat on the mat", "a dog ran in the park"]
+EXPERIMENT = """\
+name: toy
+kept: kept
+published: published.yaml
+fixed: {model: tiny-bert, dataset: demo, n_inputs: 2, steps: 10}
+axes:
+  attack: [tag, lamp-cos]
+  batch_size: [1, 2]
+cell_name: "{attack}-B{batch_size}"
+"""
+PUBLISHED = """\
+source: a paper
+figures:
+  - {where: {attack: tag, batch_size: 1}, rouge1: 90.0}
+"""
+
+
+def sample(index: int, reference: str, prediction: str) -> dict:
+    return {
+        "index": index,
+        "reference": [reference],
+        "prediction": [prediction],
+        "exact": [reference == prediction],
+        "strict": strict_scores([prediction], [reference]).to_dict(),
+        "paper": paper_scores([prediction], [reference]).to_dict(),
+        "labels": [0],
+        "attack_s": 1.0,
+    }
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """An experiment whose TAG cells recovered everything, LAMP_cos at B=1 half of each
+    sentence, and LAMP_cos at B=2 nothing kept."""
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    (tmp_path / "published.yaml").write_text(PUBLISHED)
+    (tmp_path / "kept").mkdir()
+    predictions = {"tag-B1": REFERENCES, "tag-B2": REFERENCES,
+                   "lamp-cos-B1": ["the cat sat", "a dog ran"]}  # fmt: skip
+    for cell in expand(read_experiment(tmp_path / "exp.yaml")):
+        if cell.name not in predictions:
+            continue
+        lines = [{"config": cell.config.identity(), "device": "cpu"}]
+        lines += [
+            sample(i, r, p)
+            for i, (r, p) in enumerate(zip(REFERENCES, predictions[cell.name], strict=True))
+        ]
+        path = tmp_path / "kept" / f"{cell.name}.json.partial.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return tmp_path
+
+
+def halves_rouge1() -> float:
+    """LAMP_cos-B1's strict ROUGE-1, computed here from its texts."""
+    halves = ["the cat sat", "a dog ran"]
+    scores = [
+        strict_scores([p], [r]).means["rouge1"] for p, r in zip(halves, REFERENCES, strict=True)
+    ]
+    return sum(scores) / len(scores)
+
+
+def claims(folder, checks: str, missing: str = "") -> list:
+    """Evaluate a one-claim file on the toy experiment: ``checks`` one YAML list item a line,
+    ``missing`` the claim's ``missing:`` line."""
+    head = ["paper: A 2024", "seed: 'A 2024, \"a paper\"'", "claims:", "  - id: one",
+            "    table: Table 1", "    claim: something", "    experiment: exp.yaml",
+            "    checks:"]  # fmt: skip
+    body = ["      " + line.strip() for line in checks.strip().splitlines()]
+    tail = ["    " + missing.strip()] if missing else []
+    path = folder / "claims.yaml"
+    path.write_text("\n".join([*head, *body, *tail]) + "\n")
+    return evaluate(path)
+
+
+def test_figures_are_the_kept_inputs_means_and_the_verdict_follows(toy):
+    check = ("- {metric: strict.rouge1, left: {attack: tag}, relation: greater,"
+             " right: {attack: lamp-cos}, per: [batch_size]}")  # fmt: skip
+    [result] = claims(toy, check)
+    b1, b2 = result.outcomes
+    assert b1.where == {"batch_size": 1}
+    assert (b1.left, b1.right, b1.holds) == (100.0, pytest.approx(halves_rouge1()), True)
+    assert (b2.left, b2.right, b2.holds) == (100.0, None, None)  # lamp-cos-B2: nothing kept
+    assert result.verdict == "in part"
+    assert [c.cell.name for c in result.cells] == ["tag-B1", "tag-B2", "lamp-cos-B1", "lamp-cos-B2"]
+    assert [c.done for c in result.cells] == [2, 2, 2, 0]
+
+
+def test_verdicts(toy):
+    compare = (
+        "- {{metric: strict.rouge1, left: {{cell: {}}}, relation: greater, right: {{cell: {}}}}}"
+    )
+    holds = compare.format("tag-B1", "lamp-cos-B1")
+    fails = compare.format("lamp-cos-B1", "tag-B1")
+    unmeasured = (
+        "- {metric: strict.rouge1, left: {cell: lamp-cos-B2}, relation: at_least, value: 1}"
+    )
+    assert claims(toy, holds)[0].verdict == "reproduced"
+    assert claims(toy, fails)[0].verdict == "refuted"
+    assert claims(toy, f"{holds}\n{fails}")[0].verdict == "in part"
+    assert claims(toy, f"{holds}\n{unmeasured}")[0].verdict == "in part"
+    assert claims(toy, unmeasured)[0].verdict == "not measured"
+    missing = "  missing: [another dataset]"
+    assert claims(toy, holds, missing)[0].verdict == "in part"
+
+
+@pytest.mark.parametrize(
+    ("relation", "value", "right", "holds"),
+    [
+        ("times", 1.5, "{cell: lamp-cos-B1}", True),
+        ("times", 100, "{cell: lamp-cos-B1}", False),
+        ("within", 1, "{cell: tag-B2}", True),
+        ("within", 1, "{cell: lamp-cos-B1}", False),
+        ("at_most", 99, None, False),
+        ("at_least_published", 0, None, True),  # 100 against the paper's 90
+    ],
+)
+def test_relations(toy, relation, value, right, holds):
+    side = "" if right is None else f", right: {right}"
+    check = (f"- {{metric: paper.rouge1, left: {{cell: tag-B1}}, relation: {relation},"
+             f" value: {value}{side}}}")  # fmt: skip
+    [outcome] = claims(toy, check)[0].outcomes
+    assert outcome.holds is holds
+    if relation == "at_least_published":
+        assert outcome.right == 90.0
+
+
+@pytest.mark.parametrize(
+    ("check", "problem"),
+    [
+        ("{metric: rouge1, left: {attack: tag}, relation: at_least, value: 1}", "SECTION.METRIC"),
+        (
+            "{metric: strict.rouge1, left: {attack: tag}, relation: times, right: {attack: dlg}}",
+            "times needs a value",
+        ),
+        ("{metric: strict.rouge1, left: {attack: tag}, relation: greater}", "give right"),
+        ("{metric: strict.rouge1, left: {attack: tag}, relation: nearly, value: 1}", "relation"),
+    ],
+)
+def test_bad_claim_files_are_one_line_naming_the_place(toy, check, problem):
+    path = toy / "bad.yaml"
+    path.write_text(f"paper: A\nseed: A\nclaims:\n  - id: x\n    table: T\n    claim: c\n"
+                    f"    experiment: exp.yaml\n    checks:\n      - {check}\n")  # fmt: skip
+    with pytest.raises(GradleakError) as error:
+        read_claims(path)
+    message = str(error.value)
+    assert "\n" not in message and "bad.yaml:" in message and problem in message
+
+
+def test_the_document_names_each_cell_and_says_where_versions_mix(toy):
+    check = (
+        "- {metric: strict.rouge1, left: {attack: tag}, relation: greater, right: {attack: dlg}}"
+    )
+    results = claims(toy, check.replace("dlg", "lamp-cos"))
+    text = render_results(results, lambda path: path.name[:5], toy, "make it")
+    assert "| A 2024 | Table 1 | `one` | **in part** | 1 / 1 / 1 |" in text  # lamp-cos-B2 unkept
+    assert f"| all | 100.0 | {halves_rouge1():.1f} | yes (a cell has nothing kept) |" in text
+    assert "| tag-B1 | 2 of 2 | 10 | cpu | tag-B |" in text
+    assert "| lamp-cos-B2 | 0 of 2 | 10 | - | - |" in text
+    assert "**Mixed code versions**" in text
+    same = render_results(results, lambda path: "v1", toy, "make it")
+    assert "One code version for the whole table: v1." in same
+
+
+def test_the_results_document_is_what_the_kept_records_give():
+    """docs/claims.md regenerated from the claim files and benchmarks/kept (the code
+    versions aside, which come from git's history of the kept files)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import results
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    code = re.compile(r"kept at [0-9a-f]+|uncommitted|unknown")
+    committed = (ROOT / "docs" / "claims.md").read_text(encoding="utf-8")
+    assert code.sub("CODE", results.document()) == code.sub("CODE", committed), (
+        "docs/claims.md is out of date: run python benchmarks/results.py"
+    )
