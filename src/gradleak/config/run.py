@@ -215,6 +215,14 @@ class Scenario(BaseModel):
 
     _model_path = field_validator("model")(check_path)
 
+    @model_validator(mode="after")
+    def _defenses_fit_the_protocol(self) -> Scenario:
+        for defense in self.defenses:
+            problem = defense.protocol_problem(self.protocol.algorithm)
+            if problem:
+                raise ValueError(problem)
+        return self
+
     @field_validator("protocol")
     @classmethod
     def _share_text(cls, value: Protocol) -> Protocol:

@@ -54,6 +54,14 @@ class DpSgd(SampleDefense[DpSgdSettings]):
         """The opacus mode used on ``model``: ``auto`` picks ghost clipping unless trained
         parameters are tied, which ghost clipping refuses."""
         mode = self.settings.grad_sample_mode
+        if self.settings.observed == "before_noise":  # ghost clipping leaves no plain gradient
+            if mode == "ghost":
+                raise GradleakError(
+                    "dpsgd's observed=before_noise reads the plain gradient, which ghost "
+                    "clipping never forms: use grad_sample_mode=hooks or auto"
+                )
+            if mode == "auto":
+                return "hooks"
         tied = _tied_parameters(model)
         if mode == "ghost" and tied:
             raise GradleakError(
@@ -75,7 +83,7 @@ class DpSgd(SampleDefense[DpSgdSettings]):
         Under secure aggregation ``n_samples`` is all clients'; each client's is its share."""
         clients = int(metadata.get("aggregated_clients", 1))
         n = int(metadata.get("n_samples", 0)) // clients
-        if n < 1 or self.settings.sigma == 0:
+        if n < 1 or self.settings.sigma == 0 or self.settings.observed == "before_noise":
             return variance
         per_example = (self.settings.sigma * self.settings.clip) ** 2
         if metadata.get("algorithm", "fedsgd") == "fedsgd":
@@ -116,6 +124,12 @@ class DpSgd(SampleDefense[DpSgdSettings]):
             "clip": s.clip,
             "grad_sample_mode": self.grad_sample_mode(global_model.model),
         }
+        if s.observed == "before_noise":
+            facts["observed"] = s.observed
+            facts["note"] = (
+                "the attack read the gradient before opacus clipped and noised it (what Li, Xu "
+                "& Dras's code attacked), not the update a DP-SGD client sends"
+            )
         if s.sigma == 0:
             facts["note"] = "no noise (sigma 0): no privacy guarantee"
         elif delta >= 1:
@@ -144,7 +158,7 @@ class _OpacusGradients(PrivateGradients):
     def __init__(
         self, settings: DpSgdSettings, mode: str, model: nn.Module, generator: torch.Generator
     ) -> None:
-        self.model, self.mode = model, mode
+        self.model, self.mode, self.observed = model, mode, settings.observed
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.batch_size = 0
         self.flags = [(m, m.training) for m in model.modules() if _holds_trained_parameters(m)]
@@ -215,7 +229,12 @@ class _OpacusGradients(PrivateGradients):
                 for p in self.params:
                     if p.grad_sample is None:
                         p.grad_sample = p.new_zeros((batch_size, *p.shape))
-        self.optimizer.pre_step()
+        plain = None
+        if self.observed == "before_noise":  # the labelled replication reads the plain mean
+            plain = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params]
+        self.optimizer.pre_step()  # writes the clipped, noised mean into .grad
+        for p, grad in zip(self.params, plain or (), strict=False):
+            p.grad = grad
 
     def _one_row_per_example(self, module: nn.Module, args: tuple) -> tuple | None:
         """Expand ids shared by the whole batch (position ids of shape ``[1, L]``) to one row

@@ -22,6 +22,10 @@ class DefenseSettings(BaseModel):
         True, description="the server knows this defense and its parameters (Kerckhoffs)"
     )
 
+    def protocol_problem(self, algorithm: str) -> str:
+        """Why this defense cannot run under ``algorithm`` (fedsgd | fedavg); "" if it can."""
+        return ""
+
 
 class NoiseSettings(DefenseSettings):
     description: ClassVar[str] = (
@@ -88,3 +92,17 @@ class DpSgdSettings(DefenseSettings):
         description="per-example gradients: hooks | functorch | ghost (norms only, no tied "
         "parameters) | auto (ghost unless parameters are tied, then hooks)",
     )
+    observed: Literal["sent", "before_noise"] = Field(
+        "sent",
+        description="what the attack reads: the update the client sends (sent), or, as a "
+        "labelled replication and no threat model, the gradient before opacus clips and "
+        "noises it (before_noise: what Li, Xu & Dras's code attacked; FedSGD only)",
+    )
+
+    def protocol_problem(self, algorithm: str) -> str:
+        if self.observed == "before_noise" and algorithm != "fedsgd":
+            return (
+                "dpsgd's observed=before_noise reads the one gradient of a FedSGD step: use "
+                "--protocol fedsgd, or drop observed"
+            )
+        return ""

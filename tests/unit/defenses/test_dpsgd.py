@@ -385,3 +385,39 @@ def test_a_per_sample_defense_needs_a_generator(tiny_victim):
     gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol())
     with pytest.raises(ValueError, match="generator"):
         compute_update(gm, encode(gm.victim), 0, [dpsgd(sigma=1.0)])
+
+
+def test_observed_before_noise_hands_the_attack_the_plain_gradient_and_says_so(tiny_victim):
+    """The labelled replication of Li, Xu & Dras's code: the attack reads the batch's plain
+    mean gradient (what .grad held before opacus clipped and noised it), while the client's
+    round is still accounted; the noise's variance is not announced to the attack."""
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol(mode="eval"))
+    batch = encode(gm.victim, EXAMPLES)
+    defense = dpsgd(clip=0.5, sigma=1.0, observed="before_noise")
+    update = private_update(gm, batch, defense)
+    plain = compute_update(gm, batch, seed=0)
+    sent = private_update(gm, batch, dpsgd(clip=0.5, sigma=1.0, grad_sample_mode="hooks"))
+    for key, tensor in plain.tensors.items():
+        torch.testing.assert_close(update.tensors[key], tensor, rtol=1e-5, atol=1e-7)
+    assert any(not torch.allclose(sent.tensors[k], plain.tensors[k]) for k in plain.tensors)
+    facts = defense.facts(gm, 3)
+    assert facts["observed"] == "before_noise" and "before opacus" in facts["note"]
+    assert facts["epsilon"] > 0 and facts["grad_sample_mode"] == "hooks"
+    metadata = {"n_samples": 3, "algorithm": "fedsgd"}
+    assert defense.noise_variance(0.0, update.tensors["classifier.weight"], metadata) == 0.0
+    assert dpsgd(sigma=1.0).noise_variance(0.0, update.tensors["classifier.weight"], metadata) > 0
+
+
+def test_observed_before_noise_is_refused_where_it_has_no_meaning(tiny_victim):
+    with pytest.raises(GradleakError, match="observed=before_noise reads the one gradient") as e:
+        config_from_options(
+            {"protocol": "fedavg", "defense": "dpsgd:sigma=1,observed=before_noise"}
+        )
+    assert "\n" not in str(e.value)
+    gm = GlobalModel.build(tiny_victim("tiny-bert"), Protocol())
+    with pytest.raises(GradleakError, match="ghost clipping never forms"):
+        private_update(
+            gm,
+            encode(gm.victim),
+            dpsgd(sigma=1.0, observed="before_noise", grad_sample_mode="ghost"),
+        )
