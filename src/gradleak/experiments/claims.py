@@ -39,11 +39,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradleak.config.options import options_of
+from gradleak.experiments.estimate import CellEstimate
 from gradleak.experiments.grid import Cell, expand
 from gradleak.experiments.kept import kept_results
 from gradleak.experiments.published import Published, read_published
 from gradleak.experiments.spec import ExperimentFile, option_key, read_experiment, same_value
 from gradleak.experiments.yaml_files import located, read_yaml, validated
+from gradleak.running.cost import input_seconds, training_seconds
 from gradleak.running.record import summarize
 
 Relation = Literal["greater", "times", "within", "at_least", "at_most", "at_least_published"]
@@ -106,10 +108,23 @@ class KeptCell:
     source: Path | None
     metrics: dict[str, dict[str, float]]
     published: dict[str, float]  # the paper's figures for this cell (their mean), by metric
+    attack_s: float  # the kept inputs' attack seconds, summed
 
     @property
     def wanted(self) -> int:
         return self.cell.config.scenario.data.n_inputs
+
+    @property
+    def remaining(self) -> CellEstimate:
+        """The inputs left to run and their cost: the kept inputs' mean time where there are
+        some, else the rough cost model's (one CPU core)."""
+        remaining = max(0, self.wanted - self.done)
+        if self.done:
+            return CellEstimate(remaining, remaining * self.attack_s / self.done, True)
+        config = self.cell.config
+        return CellEstimate(
+            remaining, remaining * input_seconds(config) + training_seconds(config), False
+        )
 
     @property
     def measured(self) -> bool:
@@ -188,6 +203,7 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
                 source=found.source if found is not None else None,
                 metrics=summarize(samples),
                 published=_figures(published, cell),
+                attack_s=sum(sample.get("attack_s") or 0.0 for sample in samples),
             )
         )
     return found_cells

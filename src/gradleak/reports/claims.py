@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gradleak.experiments.claims import Check, ClaimResult, KeptCell, Outcome
+from gradleak.experiments.estimate import duration
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
 Versions = Callable[[Path], str]  # a kept file -> the code version it names
@@ -92,8 +93,8 @@ def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
 def _cells_table(cells: list[KeptCell], version_of: Versions, root: Path) -> list[str]:
     lines = [
         "| cell | inputs | steps | device | code | strict R-1 / R-2 | exact % | "
-        "paper-compatible R-1 / R-2 | the paper's R-1 / R-2 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "paper-compatible R-1 / R-2 | the paper's R-1 / R-2 | left to run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     devices, versions = set(), set()
     for kept in cells:
@@ -106,10 +107,26 @@ def _cells_table(cells: list[KeptCell], version_of: Versions, root: Path) -> lis
             f"| {kept.cell.name} | {kept.done} of {kept.wanted} | "
             f"{kept.options.get('steps', '-')} | {kept.device or '-'} | {version or '-'} | "
             f"{_pair(strict)} | {_figure(strict.get('exact_match'))} | {_pair(paper)} | "
-            f"{_pair(kept.published)} |"
+            f"{_pair(kept.published)} | {_left(kept)} |"
         )
     lines += ["", _one_of(devices, "device"), _one_of(versions, "code version")]
+    left = [kept.remaining for kept in cells]
+    inputs, seconds = sum(e.remaining for e in left), sum(e.seconds for e in left)
+    if inputs:
+        lines.append(
+            f"Left to run: {inputs} inputs, about {duration(seconds)} on one CPU core (`gradleak "
+            "run` on the experiment file resumes from the kept inputs)."
+        )
     return lines
+
+
+def _left(kept: KeptCell) -> str:
+    """The inputs a cell has left and their cost; ``~`` marks the cost model's guess (no kept
+    input to time)."""
+    left = kept.remaining
+    if not left.remaining:
+        return "-"
+    return f"{left.remaining} ({'' if left.measured else '~'}{duration(left.seconds)})"
 
 
 def _one_of(values: set[str], what: str) -> str:
