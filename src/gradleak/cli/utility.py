@@ -46,8 +46,9 @@ def utility(**options: Any) -> None:
     for r, values in zip(result.rounds, result.metrics, strict=True):
         table.add_row(str(r), *(f"{v:.1f}" for v in values.values()))
     console.print(table)
-    if result.privacy:
-        print_privacy(result.privacy)
+    for privacy in (result.privacy, result.records):
+        if privacy:
+            print_privacy(privacy)
     console.print(f"time: {result.seconds:.1f} s")
     if out:
         text = json.dumps(utility_record(config, settings, result), indent=2) + "\n"
@@ -60,10 +61,11 @@ def utility(**options: Any) -> None:
 
 def print_privacy(privacy: EmpiricalPrivacy) -> None:
     """The canaries' measured epsilon, per round and over the run, beside the most as many
-    canaries could show."""
+    canaries could show (and, for canary records, the accountant's epsilon)."""
     overall = privacy.overall
+    what = "canary clients" if privacy.kind == "clients" else "canary records"
     table = Table(
-        title=f"measured epsilon: {privacy.canaries} canary clients, lower bounds at "
+        title=f"measured epsilon: {privacy.canaries} {what}, lower bounds at "
         f"{overall.confidence:.0%} confidence, delta {overall.delta:g}"
     )
     for name in ("round", "canaries", "inserted", "GDP eps", "(eps, delta)", "at most", "AUROC"):
@@ -83,6 +85,9 @@ def print_privacy(privacy: EmpiricalPrivacy) -> None:
             f"{summary.auroc:.3f}",
         )
     console.print(table)
+    if privacy.kind == "records":
+        promised = "none" if privacy.accountant is None else f"{privacy.accountant:.2f}"
+        console.print(f"the accountant's epsilon of one client's round (DP-SGD): {promised}")
     if overall.gdp_epsilon >= 0.99 * overall.ceiling:
         console.print(
             "the bound is the most these canaries can show: more canaries would show more"

@@ -42,6 +42,14 @@ class UtilitySettings(BaseModel):
         description="canary clients: each inserted by a fair coin into one round and scored "
         "by its cosine with that round's aggregate, for a measured epsilon (0: none)",
     )
+    canary_records: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="canary records: text records with secrets, each inserted by a fair coin "
+        "into one client's batch of one round and scored by the cosine of its own gradient with "
+        "that round's aggregate, for a measured epsilon per example (0: none)",
+    )
     canary_norm: float | None = Field(
         None,
         gt=0,

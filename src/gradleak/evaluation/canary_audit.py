@@ -1,11 +1,15 @@
-"""Canary clients inside a federated fine-tuning: each round, the inserted canaries join the
-real clients' updates (through the same per-update defenses a client applies), and after the
-server's step the round's canaries are scored against the aggregate; the scores give the
-measured epsilon of each round and of the whole run (:mod:`gradleak.federated.canaries`,
-:mod:`gradleak.evaluation.privacy_audit`)."""
+"""Canaries inside a federated fine-tuning, and the epsilon their scores measure per round and
+over the run (:mod:`gradleak.evaluation.privacy_audit`).
+
+Canary clients (:mod:`gradleak.federated.canaries`): each round the inserted ones join the
+real clients' updates (through the same per-update defenses a client applies) and the round's
+canaries are scored against the aggregate. Canary records
+(:mod:`gradleak.federated.canary_records`): the inserted ones join their clients' batches, and
+the round's records are scored by their own gradients against the aggregate."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,36 +17,70 @@ from typing import Any
 
 import torch
 
+from gradleak.data import Example
 from gradleak.defenses.base import Defense, SampleDefense, UpdateDefense
 from gradleak.defenses.chain import apply_update_defenses
 from gradleak.errors import GradleakError
 from gradleak.evaluation.privacy_audit import EmpiricalEpsilon, empirical_epsilon
 from gradleak.federated.canaries import CanaryClients, draw_buffers, tensors_norm
+from gradleak.federated.canary_records import CanaryRecords
+from gradleak.federated.client import GlobalModel, fedsgd_gradient
 from gradleak.federated.payload import UpdatePayload
 from gradleak.runtime.seeds import derived_seed
 
 CANARY_DEFENSE_STREAM = 3  # the seed stream of a canary's own per-update defenses
+RECORD_SCORE_STREAM = 4  # the seed stream of the dropout masks a record is scored with
 
 
 @dataclass(frozen=True)
 class EmpiricalPrivacy:
-    """What the canary clients of one run measured: per round (None where the round had no
-    canary of one kind) and over the whole run."""
+    """What the canaries of one run measured: per round (None where the round had no canary of
+    one kind) and over the whole run. ``kind``: ``clients`` (canary clients, with the norm of
+    their update) or ``records`` (canary records, beside the accountant's epsilon of one
+    client's round where a DP-SGD defense gives one)."""
 
     canaries: int
     seed: int
-    norm: float
+    norm: float | None
     rounds: list[EmpiricalEpsilon | None]
     overall: EmpiricalEpsilon
+    kind: str = "clients"
+    accountant: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "canaries": self.canaries,
             "seed": self.seed,
             "norm": self.norm,
+            "accountant_epsilon": self.accountant,
             "rounds": [r.as_dict() if r else None for r in self.rounds],
             "overall": self.overall.as_dict(),
         }
+
+
+def measured(
+    scores: Mapping[int, float],
+    inserted: Sequence[bool],
+    by_round: Sequence[list[int]],
+    delta: float,
+    what: str,
+) -> tuple[list[EmpiricalEpsilon | None], EmpiricalEpsilon]:
+    """The bounds of each round (canaries ``by_round[r]``) and of the run, from the scores of
+    the inserted canaries against the held-out ones'."""
+
+    def summary(indices: Sequence[int]) -> EmpiricalEpsilon | None:
+        scored = [i for i in indices if i in scores]
+        ins = [scores[i] for i in scored if inserted[i]]
+        outs = [scores[i] for i in scored if not inserted[i]]
+        return empirical_epsilon(ins, outs, delta=delta) if ins and outs else None
+
+    overall = summary(list(scores))
+    if overall is None:
+        raise GradleakError(
+            f"the {len(inserted)} {what} are all inserted or all held out: raise their number"
+        )
+    return [summary(indices) for indices in by_round], overall
 
 
 def update_norm(update: UpdatePayload) -> float:
@@ -111,13 +149,10 @@ class CanaryAudit:
 
     def result(self) -> EmpiricalPrivacy:
         """The measured epsilon of each round and of the run, from the scores so far."""
-        rounds = [self._summary(self.canaries.of_round(r)) for r in range(self.canaries.rounds)]
-        overall = self._summary(list(self.scores))
-        if overall is None:
-            raise GradleakError(
-                f"the {self.canaries.count} canaries are all inserted or all held out: "
-                "raise --canaries"
-            )
+        by_round = [self.canaries.of_round(r) for r in range(self.canaries.rounds)]
+        rounds, overall = measured(
+            self.scores, self.canaries.inserted, by_round, self.delta, "canaries (--canaries)"
+        )
         return EmpiricalPrivacy(
             canaries=self.canaries.count,
             seed=self.canaries.seed,
@@ -126,10 +161,77 @@ class CanaryAudit:
             overall=overall,
         )
 
-    def _summary(self, indices: list[int]) -> EmpiricalEpsilon | None:
-        scored = [i for i in indices if i in self.scores]
-        ins = [self.scores[i] for i in scored if self.canaries.inserted[i]]
-        outs = [self.scores[i] for i in scored if not self.canaries.inserted[i]]
-        if not ins or not outs:
-            return None
-        return empirical_epsilon(ins, outs, delta=self.delta)
+
+class RecordAudit:
+    """The canary records of one fine-tuning (:mod:`gradleak.federated.canary_records`) and
+    their scores so far: each record of a round, inserted or held out, scored by the cosine of
+    its own gradient at the model the round started from with the round's descent direction
+    (the mean gradient, or the negative of the mean FedAvg delta): on the embedding rows of
+    its own words where the update carries the table whole (no other record's words move
+    them much), else on the whole update."""
+
+    def __init__(
+        self, records: CanaryRecords, delta: float = 1e-5, accountant: float | None = None
+    ) -> None:
+        self.records, self.delta, self.accountant = records, delta, accountant
+        self.scores: dict[int, float] = {}
+
+    def planted(
+        self, round_index: int, batches: Sequence[Sequence[Example]]
+    ) -> list[list[Example]]:
+        """The round's client batches with each client's inserted records added."""
+        return [[*batch, *self.records.planted(round_index, k)] for k, batch in enumerate(batches)]
+
+    def score(
+        self,
+        round_index: int,
+        global_model: GlobalModel,
+        aggregate: Mapping[str, torch.Tensor],
+        kind: str,
+        max_tokens: int | None,
+    ) -> None:
+        """Score the round's records against ``aggregate`` (an update of ``kind``), at the
+        global model before the server steps with it."""
+        if not math.isfinite(tensors_norm(aggregate)):
+            raise GradleakError(
+                f"round {round_index + 1}'s aggregate is not finite: its canary records cannot "
+                "be scored"
+            )
+        sign = -1.0 if kind == "weight_delta" else 1.0
+        table = global_model.token_embedding_key()
+        special = set(global_model.victim.tokenizer.all_special_ids)
+        for index in self.records.of_round(round_index):
+            batch = global_model.encode([self.records.example(index)], max_tokens)
+            with torch.random.fork_rng(devices=[]):  # a train-mode client's dropout, seeded
+                torch.manual_seed(derived_seed(self.records.seed, index, RECORD_SCORE_STREAM))
+                own = fedsgd_gradient(global_model, batch)
+            if table is not None and table in aggregate:  # the rows of its own words
+                rows = sorted(set(batch.input_ids[0].tolist()) - special)
+                own, against = {table: own[table][rows]}, {table: aggregate[table][rows]}
+            else:
+                against = aggregate
+            self.scores[index] = sign * _cosine(own, against)
+
+    def result(self) -> EmpiricalPrivacy:
+        """The measured epsilon of each round and of the run, beside the accountant's."""
+        by_round = [self.records.of_round(r) for r in range(self.records.rounds)]
+        rounds, overall = measured(
+            self.scores, self.records.inserted, by_round, self.delta,
+            "canary records (--canary-records)",
+        )  # fmt: skip
+        return EmpiricalPrivacy(
+            canaries=self.records.count,
+            seed=self.records.seed,
+            norm=None,
+            rounds=rounds,
+            overall=overall,
+            kind="records",
+            accountant=self.accountant,
+        )
+
+
+def _cosine(first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor]) -> float:
+    """The cosine of two sets of tensors (0 where either is zero)."""
+    dot = sum(float(torch.vdot(first[k].reshape(-1), second[k].reshape(-1))) for k in first)
+    norms = tensors_norm(first) * tensors_norm({k: second[k] for k in first})
+    return dot / norms if norms > 0 else 0.0

@@ -27,12 +27,18 @@ import torch
 from gradleak.config import RunConfig
 from gradleak.config.fine_tuning import UtilitySettings
 from gradleak.data import Example, load_examples, natural_task, require_chunkable, sample_batches
-from gradleak.defenses import build_defenses
+from gradleak.defenses import build_defenses, privacy_facts
 from gradleak.defenses.base import Defense
 from gradleak.defenses.round import clients_rounds, seeded_clients, split_at_combination
 from gradleak.errors import GradleakError
-from gradleak.evaluation.canary_audit import CanaryAudit, EmpiricalPrivacy, update_norm
+from gradleak.evaluation.canary_audit import (
+    CanaryAudit,
+    EmpiricalPrivacy,
+    RecordAudit,
+    update_norm,
+)
 from gradleak.federated.canaries import CanaryClients
+from gradleak.federated.canary_records import CanaryRecords, vocabulary_words
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.server import ServerStep
 from gradleak.models.loading import Victim, load_victim
@@ -45,6 +51,7 @@ from gradleak.version import __version__
 
 UTILITY_STREAM = 1000  # seed streams of the fine-tuning's clients, apart from the attacks'
 CANARY_STREAM = 2000  # the canary clients' seed
+RECORDS_STREAM = 2001  # the canary records' seed
 
 
 @dataclass
@@ -57,6 +64,7 @@ class UtilityResult:
     seconds: float
     device: str = "cpu"
     privacy: EmpiricalPrivacy | None = None  # what the canary clients measured, if any
+    records: EmpiricalPrivacy | None = None  # what the canary records measured, if any
 
     @property
     def final(self) -> dict[str, float]:
@@ -119,23 +127,29 @@ def measure_utility(
     batches = sample_batches(train, clients, settings.samples, seed=data.sample_seed)
     gm = GlobalModel.build(victim, scenario.protocol, seed=config.seed)
     gm.model.to(placed)  # after LoRA's initialization, drawn on the CPU
+    records = _record_audit(config, settings, own, train, gm)
     server = ServerStep(gm, settings.server_optimizer, settings.server_lr)
     scored, metrics = [0], [evaluate_model(gm, task, dev, data.max_tokens)]
     for r in range(settings.rounds):
         updates, norms = [], []
         first = r * settings.clients
         clients = batches[first : first + settings.clients]
+        if records is not None:
+            clients = records.planted(r, clients)
         seeds = seeded_clients(config.seed, UTILITY_STREAM, first)
         for undefended, sent in clients_rounds(gm, clients, own, data.max_tokens, seeds):
             updates.append(sent)
             norms.append(update_norm(undefended))
             del undefended
-        if audit is None:
+        if audit is None and records is None:
             server.apply(updates)
         else:
-            mean = audit.round_mean(r, updates, norms)
+            mean = audit.round_mean(r, updates, norms) if audit else server.mean(updates)
+            if records is not None:  # at the model the round started from
+                records.score(r, gm, mean, updates[0].kind, data.max_tokens)
             server.step(mean, updates[0].kind)
-            audit.score(r, mean)
+            if audit is not None:
+                audit.score(r, mean)
         if (r + 1) % settings.eval_every == 0 or r + 1 == settings.rounds:
             scored.append(r + 1)
             metrics.append(evaluate_model(gm, task, dev, data.max_tokens))
@@ -149,6 +163,7 @@ def measure_utility(
         seconds=seconds,
         device=str(placed),
         privacy=audit.result() if audit else None,
+        records=records.result() if records else None,
     )
 
 
@@ -161,6 +176,29 @@ def _canary_audit(
     seed = derived_seed(config.seed, 0, CANARY_STREAM)
     canaries = CanaryClients(settings.canaries, settings.rounds, seed)
     return CanaryAudit(canaries, defenses, settings.canary_norm)
+
+
+def _record_audit(
+    config: RunConfig,
+    settings: UtilitySettings,
+    defenses: Sequence[Defense],
+    train: Sequence[Example],
+    gm: GlobalModel,
+) -> RecordAudit | None:
+    """The run's canary records, seeded from the run's seed, with the accountant's epsilon of
+    one client's round where a DP-SGD defense gives one (its delta is the bound's); None
+    without ``canary_records``."""
+    if not settings.canary_records:
+        return None
+    seed = derived_seed(config.seed, 0, RECORDS_STREAM)
+    labels = tuple(sorted({e.label for e in train if e.label is not None}))
+    words = vocabulary_words(gm.victim.tokenizer)
+    records = CanaryRecords(
+        settings.canary_records, settings.rounds, settings.clients, seed, words, labels
+    )
+    facts = privacy_facts(defenses, gm, settings.samples).get("privacy", {})
+    delta = facts.get("delta") if facts.get("delta") and facts["delta"] < 1 else 1e-5
+    return RecordAudit(records, delta=delta, accountant=facts.get("epsilon"))
 
 
 def _dev_examples(config: RunConfig, settings: UtilitySettings, victim: Victim) -> list[Example]:
@@ -240,6 +278,7 @@ def utility_record(
         "seconds": result.seconds,
         "device": result.device,
         "privacy": result.privacy.as_dict() if result.privacy else None,
+        "records": result.records.as_dict() if result.records else None,
         "versions": versions(),
         "machine": machine(),
     }

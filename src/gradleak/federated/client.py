@@ -67,6 +67,18 @@ class GlobalModel:
     def named_parameter(self, model: nn.Module, name: str) -> nn.Parameter:
         return dict(model.named_parameters())[name]
 
+    def whole_key(self, weight: nn.Parameter) -> str | None:
+        """The update's key for the whole of ``weight`` (a parameter of ``model``), or None
+        where it is not sent whole (frozen, LoRA-adapted, not shared, or split in slices)."""
+        params = dict(self.model.named_parameters())
+        return next(
+            (s.key for s in self.specs if s.dim is None and params.get(s.param) is weight), None
+        )
+
+    def token_embedding_key(self) -> str | None:
+        """:meth:`whole_key` of the input token-embedding table."""
+        return self.whole_key(self.adapter.token_embedding(unwrap(self.model)).weight)
+
     def encode(self, examples: list[Example], max_tokens: int | None = None) -> EncodedBatch:
         """Private examples tokenized as a client's fine-tuning does (the model's limit)."""
         victim = self.victim

@@ -126,12 +126,15 @@ class ServerStep:
 
     def apply(self, updates: list[UpdatePayload]) -> None:
         """One server step with the mean of ``updates``."""
+        self.step(self.mean(updates), updates[0].kind)
+
+    def mean(self, updates: list[UpdatePayload]) -> dict[str, torch.Tensor]:
+        """The mean of ``updates``, tensor by tensor: what the server steps with."""
         with torch.no_grad():
-            mean = {
+            return {
                 spec.key: torch.stack([u.tensors[spec.key] for u in updates]).mean(dim=0)
                 for spec in self.gm.specs
             }
-        self.step(mean, updates[0].kind)
 
     def step(self, mean: dict[str, torch.Tensor], kind: str) -> None:
         """One server step: each shared tensor's gradient is the ``mean`` update of ``kind``

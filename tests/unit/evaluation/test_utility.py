@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from opacus.accountants import RDPAccountant
 from typer.testing import CliRunner
 
 from gradleak.cli import app
@@ -53,7 +54,7 @@ def keyword_task(tmp_path_factory):
     return folder
 
 
-def run_utility(keyword_task, eval_every=1, canaries=0, **options):
+def run_utility(keyword_task, eval_every=1, canaries=0, canary_records=0, **options):
     config = config_from_options(
         {"model": "tiny-bert", "dataset": f"file:{keyword_task / 'train.csv'}"}
         | {"protocol": "fedavg", "epochs": 2, "lr": 0.05}
@@ -66,6 +67,7 @@ def run_utility(keyword_task, eval_every=1, canaries=0, **options):
         eval_dataset=f"file:{keyword_task / 'dev.csv'}",
         eval_every=eval_every,
         canaries=canaries,
+        canary_records=canary_records,
     )
     return measure_utility(config, settings)
 
@@ -194,6 +196,42 @@ def test_the_utility_command_prints_and_records_the_measured_epsilon(keyword_tas
     privacy = json.loads(out.read_text())["privacy"]
     assert privacy["canaries"] == 32 and len(privacy["rounds"]) == 2
     assert privacy["overall"]["gdp_epsilon"] == pytest.approx(privacy["overall"]["ceiling"])
+
+
+def test_canary_records_measure_epsilon_per_example_beside_the_accountants(keyword_task):
+    """Undefended, every inserted record stands out (the bound at its ceiling; the same seed,
+    the same scores). Under DP-SGD the records carry the accountant's epsilon of one client's
+    round, and the bound stays under it."""
+    plain = run_utility(keyword_task, canary_records=64)
+    records = plain.records
+    assert records is not None and records.kind == "records" and records.canaries == 64
+    assert records.overall.auroc == 1.0 and records.accountant is None
+    assert records.overall.gdp_epsilon == pytest.approx(records.overall.ceiling)
+    assert run_utility(keyword_task, canary_records=64).records == records
+    assert plain.metrics != run_utility(keyword_task).metrics  # the records joined the batches
+    private = run_utility(
+        keyword_task, canary_records=64, defense="dpsgd:clip=1.0,sigma=2.0,delta=1e-5"
+    ).records
+    accountant = RDPAccountant()  # a client's round: two local epochs of one batch (q = 1)
+    for _ in range(2):
+        accountant.step(noise_multiplier=2.0, sample_rate=1.0)
+    assert private.accountant == pytest.approx(accountant.get_epsilon(1e-5))
+    assert private.overall.delta == 1e-5
+    assert private.overall.gdp_epsilon <= private.accountant
+    assert private.overall.epsilon <= private.accountant
+
+
+def test_the_utility_command_prints_and_records_what_the_records_measured(keyword_task, tmp_path):
+    out = tmp_path / "utility.json"
+    result = invoke_utility(
+        keyword_task, out, "--canary-records", "32", "--defense", "dpsgd:clip=1,sigma=2"
+    )
+    assert result.exit_code == 0, result.output
+    assert "measured epsilon: 32 canary records" in result.output
+    assert "the accountant's epsilon of one client's round (DP-SGD): " in result.output
+    records = json.loads(out.read_text())["records"]
+    assert records["kind"] == "records" and records["canaries"] == 32
+    assert records["accountant_epsilon"] > 0
 
 
 def test_canary_clients_beside_dp_sgd_are_refused_before_the_model_loads(keyword_task, monkeypatch):

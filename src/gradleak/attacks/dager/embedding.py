@@ -48,8 +48,5 @@ def table_update(
 ) -> torch.Tensor | None:
     """The update's whole tensor for the embedding table ``weight`` (a parameter of
     ``gm.model``), or None where it was not sent whole (frozen, LoRA-adapted, not shared)."""
-    params = dict(gm.model.named_parameters())
-    for spec in gm.specs:
-        if spec.dim is None and params.get(spec.param) is weight and spec.key in update.tensors:
-            return update.tensors[spec.key]
-    return None
+    key = gm.whole_key(weight)
+    return update.tensors.get(key) if key is not None else None
