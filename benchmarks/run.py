@@ -28,6 +28,9 @@ Suites:
   dager_rounding what float32, float64, pure bf16 and bf16-autocast FedAvg clients leave of the
                  batch in layer 1's q delta (zero entries, singular values, DAGER's rank),
                  SmolLM2 CoLA B=16, E=2.
+  record_audit   canary records against DP-SGD's accountant: MiniLM SST-2, 1,000 records a
+                 run, undefended and at accountant epsilon about 8 and 1 (--batches seeds):
+                 the one-run bounds beside the accountant's epsilon.
   lti_speed      LTI's costs on lti-lm: training updates per second (per-example gradients,
                  hashing), an inversion-model step with each head, reading one update.
 ``python benchmarks/stack_scaling.py`` (its own options) times LAMP_cos's and TAG's stacked
@@ -62,6 +65,7 @@ import dp_step  # noqa: E402
 import flower_audit  # noqa: E402
 import lti_speed  # noqa: E402
 import planned_runs  # noqa: E402
+import record_audit  # noqa: E402
 import stack_step  # noqa: E402
 import timing  # noqa: E402
 import update_time  # noqa: E402
@@ -76,6 +80,7 @@ SUITES = {
     **stack_step.SUITES,
     **flower_audit.SUITES,
     **planned_runs.SUITES,
+    **record_audit.SUITES,
 }
 EXPERIMENTS = Path(__file__).resolve().parent / "experiments"  # the tables of ordinary runs
 
