@@ -57,11 +57,38 @@ class UtilityOutcome:
 
     metrics: dict[str, float] | None
     why: str = ""
+    # what the fine-tuning's canary records measured (the utility record's ``records``)
+    records: dict[str, Any] | None = None
 
     def text(self) -> str:
         if self.metrics is None:
             return self.why
         return ", ".join(f"{k} {v:.2f}" for k, v in self.metrics.items())
+
+    def short_text(self) -> str:
+        """The metrics, and the epsilon the canary records measured beside the accountant's."""
+        if self.records is None:
+            return self.text()
+        overall, promised = self.records["overall"], self.records["accountant_epsilon"]
+        accountant = "" if promised is None else f" (accountant {promised:.2f})"
+        return f"{self.text()}; measured epsilon >= {overall['gdp_epsilon']:.2f}{accountant}"
+
+    def privacy_text(self) -> str:
+        """The records' measured epsilon beside the accountant's, in words ("" if none)."""
+        if self.records is None:
+            return ""
+        overall, promised = self.records["overall"], self.records["accountant_epsilon"]
+        text = (
+            f"measured epsilon >= {overall['gdp_epsilon']:.2f} (Gaussian DP) and >= "
+            f"{overall['epsilon']:.2f} ((epsilon, delta)) at delta {overall['delta']:g}, "
+            f"{overall['confidence']:.0%} confidence, from {overall['canaries']} canary "
+            f"records ({overall['inserted']} inserted), AUROC {overall['auroc']:.3f}; the "
+            "accountant's epsilon of a client's round: "
+            + ("none (no DP-SGD)" if promised is None else f"{promised:.2f}")
+        )
+        if overall["gdp_epsilon"] >= 0.99 * overall["ceiling"]:
+            text += f"; {overall['ceiling']:.2f} is the most this many records can show"
+        return text
 
 
 @dataclass

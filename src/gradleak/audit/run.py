@@ -31,7 +31,7 @@ from gradleak.errors import GradleakError
 from gradleak.experiments.database import ExperimentDatabase
 from gradleak.experiments.estimate import estimate
 from gradleak.experiments.grid import Cell
-from gradleak.experiments.spec import check_folder_name
+from gradleak.experiments.spec import check_folder_name, option_key
 from gradleak.experiments.utility import stored_or_measured, utility_key
 from gradleak.running import runner
 from gradleak.running.cost import START_SECONDS, input_seconds
@@ -45,6 +45,7 @@ OPTIMIZATION = ("lamp-cos", "tag")
 MIN_STEPS = 100  # below this an optimization attack says little
 BASELINE_SHARE = 0.5  # of the budget, for attacking the setup as it is
 MITIGATION_INPUTS = 2  # client updates per attack when a change is tried
+AUDIT_RECORDS = 200  # canary records in each fine-tuning an audit measures (the setup's own: any)
 
 Say = Callable[[str], None]
 
@@ -157,7 +158,7 @@ class _Auditor:
             record = stored_or_measured(self.database, config, settings)
         except GradleakError as exc:
             return UtilityOutcome(None, f"not measured: {exc}")
-        return UtilityOutcome(record["metrics"][-1])
+        return UtilityOutcome(record["metrics"][-1], records=record.get("records"))
 
     def close(self) -> None:
         self.database.close()
@@ -275,7 +276,7 @@ def run_audit(
         leaking.sort(key=lambda o: (o.leakage.exact, o.leakage.rouge2), reverse=True)
         if leaking:
             result.mitigations = _mitigations(auditor, [o.attack for o in leaking[:2]])
-        settings = utility_settings(setup.utility) if setup.utility is not None else None
+        settings = _with_records(setup.utility) if setup.utility is not None else None
         if settings is not None:
             _measure_utility(auditor, result, settings)
     finally:
@@ -308,6 +309,15 @@ def _mitigations(auditor: _Auditor, attacks: list[str]) -> list[Mitigation]:
             mitigation.outcomes.append(auditor.attack(change, options, attack, inputs, allowance))
         mitigations.append(mitigation)
     return mitigations
+
+
+def _with_records(values: dict[str, Any]) -> UtilitySettings:
+    """The setup's fine-tuning settings, with :data:`AUDIT_RECORDS` canary records unless it
+    sets ``canary_records`` itself (0: none): each fine-tuning then measures epsilon too."""
+    given = {option_key(k) for k in values}
+    return utility_settings(
+        values if "canary_records" in given else {**values, "canary_records": AUDIT_RECORDS}
+    )
 
 
 def _measure_utility(auditor: _Auditor, result: AuditResult, settings: UtilitySettings) -> None:

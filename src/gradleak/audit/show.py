@@ -59,6 +59,9 @@ def print_audit(result: AuditResult, console: Console) -> None:
     if result.utility is not None:
         console.print(shown(f"utility of the setup as it is (dev, after fine-tuning): "
                             f"{result.utility.text()}"), soft_wrap=True)  # fmt: skip
+        if result.utility.records is not None:
+            console.print(shown(f"empirical privacy of that fine-tuning: "
+                                f"{result.utility.privacy_text()}"), soft_wrap=True)  # fmt: skip
     if result.mitigations:
         changes = Table(title="changes tried against the attacks that leaked")
         columns = ("change", "attack", "exact %", "ROUGE-2", "under thresholds", "utility", "notes")
@@ -67,7 +70,7 @@ def print_audit(result: AuditResult, console: Console) -> None:
         for mitigation in result.mitigations:
             below = mitigation.below(result.thresholds)
             mark = "not measured" if below is None else "[green]yes[/]" if below else "[red]no[/]"
-            utility = shown(mitigation.utility.text()) if mitigation.utility else ""
+            utility = shown(mitigation.utility.short_text()) if mitigation.utility else ""
             for k, outcome in enumerate(mitigation.outcomes):
                 exact, rouge2, _, notes = (shown(cell) for cell in outcome_text(outcome))
                 first = k == 0

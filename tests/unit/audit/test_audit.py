@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gradleak.audit import Thresholds, read_setup, run_audit
-from gradleak.audit.run import mitigation_candidates
-from gradleak.audit.show import parse_budget
+from gradleak.audit.run import AUDIT_RECORDS, mitigation_candidates
+from gradleak.audit.show import parse_budget, write_audit_html
 from gradleak.cli import app
 from gradleak.errors import GradleakError
 from gradleak.experiments import ExperimentError
@@ -129,6 +129,21 @@ def test_utility_is_measured_for_the_setup_and_the_changes_that_work(tmp_path):
     assert working, "strong DP-SGD stops DAGER on this setup"
     assert all(m.utility is not None and m.utility.metrics is not None for m in working)
     assert all(m.utility is None for m in result.mitigations if not m.below(result.thresholds))
+    # each fine-tuning also measured epsilon with the audit's canary records
+    records = result.utility.records
+    assert records["canaries"] == AUDIT_RECORDS and records["accountant_epsilon"] is None
+    assert "the accountant's epsilon of a client's round: none" in result.utility.privacy_text()
+    private = [m.utility.records for m in working if "dpsgd" in str(m.options)]
+    assert private and all(r["accountant_epsilon"] > 0 for r in private)
+    assert all(r["overall"]["gdp_epsilon"] <= r["accountant_epsilon"] for r in private)
+    page = write_audit_html(result, tmp_path / "audit.html").read_text()
+    assert "<h2>Empirical privacy</h2>" in page and "measured epsilon &gt;=" in page
+    none = tmp_path / "none.yaml"
+    none.write_text(
+        path.read_text().replace("eval_split: train}", "eval_split: train, canary_records: 0}")
+    )
+    quiet = run_audit(none, tmp_path / "run-none", budget_s=120, attacks=["dager"])
+    assert quiet.utility is not None and quiet.utility.records is None
     bad = tmp_path / "bad.yaml"
     bad.write_text("setup: {model: tiny-bert}\nutility:\n  rounds: 0\n")
     with pytest.raises(ExperimentError, match=r"bad.yaml:3: utility.rounds: .*greater than"):
