@@ -392,6 +392,7 @@ def test_a_canary_is_recovered_from_a_live_fedsgd_round():
         ({"canaries": {"clients": [5], "records": [{"text": "a"}]}}, "partition 5 does not"),
         ({"audit": {"attacks": ["nope"]}}, "nope"),
         ({"audit": {"scoring": "canaries"}}, "needs canaries.records"),
+        ({"canaries": {"measured": 8}, "fraction": 0.5}, "use fraction 1"),
     ],
 )
 def test_a_bad_setup_is_one_line_naming_the_field(changes, message):
@@ -642,3 +643,39 @@ def test_a_ledger_left_by_a_killed_run_is_swept_away_by_the_next(tmp_path, monke
         assert sweep(tmp_path) == []  # and a live run's ledger stays
         assert live.path.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_measured_records_give_each_rounds_epsilon_in_a_live_federation(tmp_path):
+    """Undefended FedAvg, 2 rounds of 2 tiny-bert clients: the inserted measured records are
+    in exactly their clients' batches, each round's bound and the run's come out of the
+    aggregates alone (every inserted record stands out: the most 64 records can show), and
+    the store keeps each round's."""
+    import json
+    import sqlite3
+
+    from gradleak.integrations.flower.canaries import measured_records
+
+    setup = tiny_setup(rounds=2, canaries={"measured": 64})
+    result = run_federation(setup, out=tmp_path, keep_private=True)
+    records = measured_records(setup, build_global_model(setup))
+    with sqlite3.connect(tmp_path / "private.sqlite") as db:
+        rows = db.execute("SELECT round, partition, examples FROM batches").fetchall()
+    for server_round, partition, examples in rows:
+        texts = {e["text"] for e in json.loads(examples)}
+        inserted = {e.text for e in records.planted(server_round - 1, partition)}
+        held_out = {records.example(i).text for i in range(64) if not records.inserted[i]}
+        assert inserted <= texts and not held_out & texts
+    privacy = result.privacy
+    assert privacy is not None and privacy.kind == "records" and privacy.canaries == 64
+    assert privacy.overall.auroc == 1.0
+    assert privacy.overall.gdp_epsilon == pytest.approx(privacy.overall.ceiling)
+    assert [r.privacy.canaries for r in result.rounds] == [32, 32]
+    with sqlite3.connect(tmp_path / "federation.sqlite") as db:
+        kept = dict(db.execute("SELECT key, value FROM meta WHERE key LIKE 'privacy:%'"))
+    assert json.loads(kept["privacy:2"])["auroc"] == 1.0
+    from gradleak.reports.federation import read_federation
+    from gradleak.reports.render import render_federation
+
+    page = render_federation(read_federation(tmp_path))
+    assert "<h2>Measured epsilon</h2>" in page and page.count("<svg") == 1
+    assert "Measured epsilon per round (canary records)" in page

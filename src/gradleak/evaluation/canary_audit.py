@@ -59,6 +59,17 @@ class EmpiricalPrivacy:
         }
 
 
+def bounds(
+    scores: Mapping[int, float], inserted: Sequence[bool], indices: Sequence[int], delta: float
+) -> EmpiricalEpsilon | None:
+    """The bounds from the scored canaries among ``indices``, the inserted ones' scores
+    against the held-out ones' (None until both kinds are scored)."""
+    scored = [i for i in indices if i in scores]
+    ins = [scores[i] for i in scored if inserted[i]]
+    outs = [scores[i] for i in scored if not inserted[i]]
+    return empirical_epsilon(ins, outs, delta=delta) if ins and outs else None
+
+
 def measured(
     scores: Mapping[int, float],
     inserted: Sequence[bool],
@@ -66,21 +77,13 @@ def measured(
     delta: float,
     what: str,
 ) -> tuple[list[EmpiricalEpsilon | None], EmpiricalEpsilon]:
-    """The bounds of each round (canaries ``by_round[r]``) and of the run, from the scores of
-    the inserted canaries against the held-out ones'."""
-
-    def summary(indices: Sequence[int]) -> EmpiricalEpsilon | None:
-        scored = [i for i in indices if i in scores]
-        ins = [scores[i] for i in scored if inserted[i]]
-        outs = [scores[i] for i in scored if not inserted[i]]
-        return empirical_epsilon(ins, outs, delta=delta) if ins and outs else None
-
-    overall = summary(list(scores))
+    """The bounds of each round (canaries ``by_round[r]``) and of the run."""
+    overall = bounds(scores, inserted, list(scores), delta)
     if overall is None:
         raise GradleakError(
             f"the {len(inserted)} {what} are all inserted or all held out: raise their number"
         )
-    return [summary(indices) for indices in by_round], overall
+    return [bounds(scores, inserted, indices, delta) for indices in by_round], overall
 
 
 def update_norm(update: UpdatePayload) -> float:
@@ -211,6 +214,11 @@ class RecordAudit:
             else:
                 against = aggregate
             self.scores[index] = sign * _cosine(own, against)
+
+    def round_summary(self, round_index: int) -> EmpiricalEpsilon | None:
+        """The bounds of one round's records (None until both kinds are scored)."""
+        indices = self.records.of_round(round_index)
+        return bounds(self.scores, self.records.inserted, indices, self.delta)
 
     def result(self) -> EmpiricalPrivacy:
         """The measured epsilon of each round and of the run, beside the accountant's."""

@@ -135,7 +135,7 @@ def read_federation(folder: str | Path) -> FederationReport:
         listed.sort(key=lambda e: (str(e["node"]), e["attack"]))
     rounds = [
         {"round": r, "utility": json.loads(u), "seconds": s, "audit_seconds": a,
-         "entries": entries.get(r, [])}
+         "entries": entries.get(r, []), "privacy": json.loads(meta.get(f"privacy:{r}", "null"))}
         for r, u, s, a in rows
     ]  # fmt: skip
     return FederationReport(

@@ -104,12 +104,7 @@ def privacy_against_utility(cells: list[CellReport]) -> Plot | None:
 
 def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]], ticks: bool = True) -> str:
     """Two panels (ROUGE-2, exact %) of ``lines``; ``ticks``: at the grid's values."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, panels = pyplot.subplots(1, 2, figsize=(9, 3.4))
+    figure, panels = _pyplot().subplots(1, 2, figsize=(9, 3.4))
     for label, points in lines.items():
         points.sort()
         x = [p[0] for p in points]
@@ -126,10 +121,47 @@ def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]], ticks: b
         if ticks:
             panel.set_xticks(xs, [f"{x:g}" for x in xs])  # the grid's values, not a scale's
     panels[1].legend(fontsize=7, loc="best")
+    return _inline(figure)
+
+
+def epsilon_by_round(rounds: list[dict[str, Any]]) -> Plot | None:
+    """The measured epsilon of each round's canary records (both one-run bounds, and the most
+    as many records could show); None where no round measured one."""
+    measured = [(r["round"], r["privacy"]) for r in rounds if r.get("privacy")]
+    if not measured:
+        return None
+    figure, panel = _pyplot().subplots(figsize=(6, 3.2))
+    x = [r for r, _ in measured]
+    for key, label, style in (("gdp_epsilon", "Gaussian-DP bound", "o-"),
+                              ("epsilon", "(epsilon, delta) bound", "s-"),
+                              ("ceiling", "the most as many records show", "k--")):  # fmt: skip
+        panel.plot(x, [p[key] for _, p in measured], style, label=label)
+    panel.set_xlabel("round")
+    panel.set_ylabel("epsilon (lower bound, 95%)")
+    panel.set_xticks(x, [str(r) for r in x])
+    panel.set_ylim(bottom=0)
+    panel.grid(alpha=0.3)
+    panel.legend(fontsize=7, loc="best")
+    return Plot("Measured epsilon per round (canary records)", _inline(figure))
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend (imported here: reports without plots
+    never load it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    return pyplot
+
+
+def _inline(figure: Any) -> str:
+    """``figure`` as inline SVG (no XML prolog, no metadata), and closed."""
     figure.tight_layout()
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None})
-    pyplot.close(figure)
+    _pyplot().close(figure)
     text = buffer.getvalue()
     text = text[text.index("<svg") :]  # the XML prolog and doctype do not belong inline
     return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.DOTALL)

@@ -20,7 +20,7 @@ from gradleak.experiments.published import Figure, Published
 from gradleak.reports.data import CellReport, ReportData, read_report_data
 from gradleak.reports.federation import FederationReport, is_federation, read_federation
 from gradleak.reports.highlight import marked
-from gradleak.reports.plots import plots
+from gradleak.reports.plots import epsilon_by_round, plots
 from gradleak.runtime.files import write_atomic
 from gradleak.version import __version__
 
@@ -136,6 +136,7 @@ def render_federation(report: FederationReport, fmt: str = "html") -> str:
     )
     return environment.get_template(f"federation.{fmt}.j2").render(
         report=report, title=title, version=__version__,
+        epsilon_plot=epsilon_by_round(report.rounds) if fmt == "html" else None,
         setup_text=yaml.safe_dump(setup, sort_keys=False),
         generated=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )  # fmt: skip

@@ -40,9 +40,9 @@ from flwr.serverapp.strategy import Strategy
 from gradleak.api import Reconstruction, attack_update
 from gradleak.attacks import ATTACKS, Attack, AttackSettings
 from gradleak.errors import GradleakError
-from gradleak.integrations.flower.arrays import (
-    load_arrays,
-)
+from gradleak.evaluation.canary_audit import RecordAudit
+from gradleak.federated.canary_records import CanaryRecords
+from gradleak.integrations.flower.arrays import load_arrays, trainable_tensors
 from gradleak.integrations.flower.replies import (
     Received,
     ServerModel,
@@ -144,6 +144,7 @@ class LeakageAudit(Strategy):
         scorers: Sequence[Scorer] = (),
         arrayrecord_key: str = "arrays",
         seed: int = 0,
+        records: CanaryRecords | None = None,
     ) -> None:
         super().__init__()
         self.strategy = strategy
@@ -160,6 +161,8 @@ class LeakageAudit(Strategy):
         self.failures: list[tuple[int, int, str]] = []
         self._attackers: list[Attack] | None = None
         self._sent: dict[int, ArrayRecord] = {}
+        # the measured canary records the clients plant, scored against each round's change
+        self.records = None if records is None else RecordAudit(records)
 
     def __repr__(self) -> str:
         return f"LeakageAudit({self.strategy!r})"
@@ -188,7 +191,10 @@ class LeakageAudit(Strategy):
         if sent is not None:
             self.audit_round(server_round, sent, replies)
         # every reply, malformed or not, as received: the aggregate is the strategy's own
-        return self.strategy.aggregate_train(server_round, replies)
+        aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
+        if self.records is not None and sent is not None and aggregated is not None:
+            self.score_records(server_round, sent, aggregated)
+        return aggregated, metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -233,6 +239,17 @@ class LeakageAudit(Strategy):
                 for scorer in self.scorers:
                     scorer(entry)
                 self.entries.append(entry)
+
+    def score_records(self, server_round: int, sent: ArrayRecord, aggregated: ArrayRecord) -> None:
+        """Score the round's measured records against its descent direction: the arrays
+        ``sent`` less the ``aggregated`` ones (a FedAvg mean delta's negative; FedSGD's mean
+        gradient times the server's rate), at the model the round started from."""
+        assert self.records is not None
+        gm = self.knowledge.global_model
+        before = load_arrays(gm, sent)
+        after = trainable_tensors(gm, aggregated)
+        descent = {s.key: s.take(before[s.param] - after[s.param]) for s in gm.specs}
+        self.records.score(server_round - 1, gm, descent, "gradient", None)
 
     def _prepared(self) -> list[Attack]:
         """The attacks, built and prepared once (LAMP's prior is loaded once per audit)."""

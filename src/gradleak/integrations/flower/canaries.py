@@ -16,7 +16,31 @@ from transformers import PreTrainedTokenizerBase
 
 from gradleak.data import Example
 from gradleak.evaluation import metrics
-from gradleak.integrations.flower.setup import Canary
+from gradleak.federated.canary_records import CanaryRecords, vocabulary_words
+from gradleak.federated.client import GlobalModel
+from gradleak.integrations.flower.setup import Canary, FederationSetup
+from gradleak.models.tasks import unwrap
+from gradleak.runtime.seeds import derived_seed
+
+RECORDS_STREAM = 2001  # the measured records' seed, apart from the clients' and the attacks'
+
+
+def measured_records(setup: FederationSetup, global_model: GlobalModel) -> CanaryRecords | None:
+    """The federation's canary records for a measured epsilon, as every party draws them
+    from the setup's seed and the public model (None without ``canaries.measured``)."""
+    if not setup.canaries.measured:
+        return None
+    labels = ()
+    if setup.task == "classification":
+        labels = tuple(range(unwrap(global_model.model).config.num_labels))
+    return CanaryRecords(
+        setup.canaries.measured,
+        setup.rounds,
+        setup.partition.clients,
+        derived_seed(setup.seed, 0, RECORDS_STREAM),
+        vocabulary_words(global_model.victim.tokenizer),
+        labels,
+    )
 
 
 def planted(canaries: Sequence[Canary], server_round: int, per_round: int) -> list[Example]:

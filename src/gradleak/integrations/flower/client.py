@@ -20,9 +20,10 @@ from flwr.clientapp import ClientApp
 
 from gradleak.data import Example
 from gradleak.defenses.round import defended_update
+from gradleak.federated.canary_records import CanaryRecords
 from gradleak.federated.client import GlobalModel
 from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable
-from gradleak.integrations.flower.canaries import planted
+from gradleak.integrations.flower.canaries import measured_records, planted
 from gradleak.integrations.flower.ledger import Ledger
 from gradleak.integrations.flower.replies import FACTS_KEY
 from gradleak.integrations.flower.setup import FederationSetup
@@ -64,15 +65,17 @@ class FederatedClient:
         self.partitions = partitions
         self.ledger = None if ledger is None else Ledger(ledger)
         self._global_model: GlobalModel | None = None
+        self._records: CanaryRecords | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_global_model": None}  # actors build their own
+        return {**self.__dict__, "_global_model": None, "_records": None}  # actors build theirs
 
     @property
     def global_model(self) -> GlobalModel:
         if self._global_model is None:
             with kept_global_state():
                 self._global_model = build_global_model(self.setup)
+                self._records = measured_records(self.setup, self._global_model)
         return self._global_model
 
     def train(self, message: Message, context: Context) -> Message:
@@ -82,6 +85,8 @@ class FederatedClient:
         batch_examples = round_batch(setup, self.partitions[partition], server_round, partition)
         with kept_global_state(setup.threads):
             global_model = self.global_model
+            if self._records is not None:  # the inserted measured records of its round
+                batch_examples += self._records.planted(server_round - 1, partition)
             load_arrays(global_model, message.content["arrays"])
             batch = global_model.encode(batch_examples, setup.data.max_tokens)
             index = server_round * setup.partition.clients + partition

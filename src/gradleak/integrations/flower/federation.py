@@ -40,10 +40,13 @@ from flwr.simulation import run_simulation
 
 from gradleak.data.sources import load_examples
 from gradleak.errors import GradleakError, last_line
+from gradleak.evaluation.canary_audit import EmpiricalPrivacy
+from gradleak.evaluation.privacy_audit import EmpiricalEpsilon
 from gradleak.evaluation.utility import evaluate_model
 from gradleak.federated.client import GlobalModel
 from gradleak.integrations.flower.arrays import load_arrays, model_arrays
 from gradleak.integrations.flower.audit import AuditEntry, AuditSample, LeakageAudit, Scorer
+from gradleak.integrations.flower.canaries import measured_records
 from gradleak.integrations.flower.client import build_global_model, client_app
 from gradleak.integrations.flower.fedsgd import FedSgd
 from gradleak.integrations.flower.ledger import FILE_NAME, Ledger, private_ledger, remove_ledger
@@ -65,6 +68,7 @@ class RoundResult:
     utility: dict[str, float]
     entries: list[AuditEntry]
     seconds: float  # the round's wall time, audit included
+    privacy: EmpiricalEpsilon | None = None  # what the round's measured records showed
 
     @property
     def audit_seconds(self) -> float:
@@ -83,6 +87,7 @@ class FederationResult:
     rounds: list[RoundResult] = field(default_factory=list)
     initial_utility: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    privacy: EmpiricalPrivacy | None = None  # the measured records over the whole run
 
 
 def run_federation(
@@ -181,6 +186,7 @@ class _Server:
                 sample=AuditSample(setup.audit.clients, setup.audit.rounds, setup.seed),
                 scorers=self._scorers(global_model),
                 seed=setup.seed,
+                records=measured_records(setup, global_model),
             )
             strategy = _with_privacy(setup, audit)
             initial = model_arrays(global_model)
@@ -216,16 +222,20 @@ class _Server:
             return
         entries = [e for e in audit.entries if e.round == server_round]
         now = time.perf_counter()
+        records = audit.records
         result = RoundResult(
             round=server_round,
             utility=utility,
             entries=entries,
             seconds=now - self._round_start,
+            privacy=records.round_summary(server_round - 1) if records else None,
         )
         self._round_start = now
         self.result.rounds.append(result)
+        if records is not None and server_round == self.setup.rounds:
+            self.result.privacy = records.result()
         if self.store is not None:
-            self.store.add_round(server_round, utility, entries, result.seconds)
+            self.store.add_round(server_round, utility, entries, result.seconds, result.privacy)
         if self.on_round is not None:
             self.on_round(result)
 

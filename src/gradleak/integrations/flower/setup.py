@@ -118,6 +118,14 @@ class Canaries(_Section):
     clients: tuple[int, ...] = Field((0,), description="partitions (0..K-1) that plant them")
     per_round: int = Field(1, ge=1, description="canaries in each such client's round batch")
     records: tuple[Canary, ...] = ()
+    measured: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="canary records for a measured epsilon: random-word records, each inserted "
+        "by a fair coin into one client's batch of one round and scored by its own gradient "
+        "against the round's aggregate (0: none; needs fraction 1)",
+    )
 
 
 class Audit(_Section):
@@ -205,6 +213,11 @@ class FederationSetup(_Section):
             raise ValueError(
                 f"canaries.clients: partition {bad[0]} does not exist with "
                 f"{self.partition.clients} clients (0..{self.partition.clients - 1})"
+            )
+        if self.canaries.measured and self.fraction < 1:
+            raise ValueError(
+                "canaries.measured plants records in every client's batch, and a client left "
+                "out of a round would hold an inserted record unseen: use fraction 1"
             )
         if self.audit.scoring == "canaries" and not self.canaries.records:
             raise ValueError("audit.scoring canaries needs canaries.records")

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from gradleak.evaluation.privacy_audit import EmpiricalEpsilon
 from gradleak.integrations.flower.audit import AuditEntry
 from gradleak.integrations.flower.setup import FederationSetup
 from gradleak.reports.federation import SCHEMA
@@ -51,9 +52,15 @@ class FederationStore:
         utility: dict[str, float],
         entries: list[AuditEntry],
         seconds: float,
+        privacy: EmpiricalEpsilon | None = None,
     ) -> None:
         audit_seconds = sum(entry.seconds for entry in entries)
         with self._connect() as connection:
+            if privacy is not None:  # the round's measured epsilon, beside its entries
+                connection.execute(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    (f"privacy:{server_round}", json.dumps(privacy.as_dict())),
+                )
             connection.execute(
                 "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
                 (server_round, json.dumps(utility), seconds, audit_seconds, time.time()),
