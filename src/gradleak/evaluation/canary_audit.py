@@ -26,10 +26,12 @@ from gradleak.federated.canaries import CanaryClients, draw_buffers, tensors_nor
 from gradleak.federated.canary_records import CanaryRecords
 from gradleak.federated.client import GlobalModel, fedsgd_gradient
 from gradleak.federated.payload import UpdatePayload
+from gradleak.models.tasks import EncodedBatch
 from gradleak.runtime.seeds import derived_seed
 
 CANARY_DEFENSE_STREAM = 3  # the seed stream of a canary's own per-update defenses
 RECORD_SCORE_STREAM = 4  # the seed stream of the dropout masks a record is scored with
+RECORDS_A_PASS = 32  # records whose embedding-row gradients one backward pass gives
 
 
 @dataclass(frozen=True)
@@ -202,18 +204,32 @@ class RecordAudit:
             )
         sign = -1.0 if kind == "weight_delta" else 1.0
         table = global_model.token_embedding_key()
+        indices = self.records.of_round(round_index)
+        if table is None or table not in aggregate:  # each record's whole gradient
+            for index in indices:
+                own = self._gradient(global_model, [index], max_tokens)[0]
+                self.scores[index] = sign * _cosine(own, aggregate)
+            return
+        # The rows of a record's own words: one pass serves a chunk of records, whose rows
+        # are (nearly all) their own, random words rarely being shared.
         special = set(global_model.victim.tokenizer.all_special_ids)
-        for index in self.records.of_round(round_index):
-            batch = global_model.encode([self.records.example(index)], max_tokens)
-            with torch.random.fork_rng(devices=[]):  # a train-mode client's dropout, seeded
-                torch.manual_seed(derived_seed(self.records.seed, index, RECORD_SCORE_STREAM))
-                own = fedsgd_gradient(global_model, batch)
-            if table is not None and table in aggregate:  # the rows of its own words
-                rows = sorted(set(batch.input_ids[0].tolist()) - special)
-                own, against = {table: own[table][rows]}, {table: aggregate[table][rows]}
-            else:
-                against = aggregate
-            self.scores[index] = sign * _cosine(own, against)
+        for start in range(0, len(indices), RECORDS_A_PASS):
+            chunk = indices[start : start + RECORDS_A_PASS]
+            gradient, batch = self._gradient(global_model, chunk, max_tokens)
+            for row, index in enumerate(chunk):
+                rows = sorted(set(batch.input_ids[row].tolist()) - special)
+                own, against = {table: gradient[table][rows]}, {table: aggregate[table][rows]}
+                self.scores[index] = sign * _cosine(own, against)
+
+    def _gradient(
+        self, global_model: GlobalModel, indices: list[int], max_tokens: int | None
+    ) -> tuple[dict[str, torch.Tensor], EncodedBatch]:
+        """The plain gradient of the records ``indices`` as one batch, its dropout masks (in
+        train mode) drawn from the records' seed; and the batch."""
+        batch = global_model.encode([self.records.example(i) for i in indices], max_tokens)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derived_seed(self.records.seed, indices[0], RECORD_SCORE_STREAM))
+            return fedsgd_gradient(global_model, batch), batch
 
     def round_summary(self, round_index: int) -> EmpiricalEpsilon | None:
         """The bounds of one round's records (None until both kinds are scored)."""
