@@ -50,7 +50,10 @@ from gradleak.running.record import summarize
 
 Relation = Literal["greater", "times", "within", "at_least", "at_most", "at_least_published"]
 Verdict = Literal["reproduced", "in part", "refuted", "not measured"]
-SECTIONS = ("strict", "paper")
+SECTIONS = {  # the metrics a record holds, by section (``running.record.summarize``)
+    "strict": ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_match"),
+    "paper": ("rouge1", "rouge2", "rougeL"),
+}
 CELL = "cell"  # a side's key that names cells rather than option values
 
 
@@ -242,8 +245,9 @@ def _figures(published: Published | None, cell: Cell) -> dict[str, float]:
 
 def _check_problem(check: Check) -> str:
     section, name = check.section_and_name()
-    if section not in SECTIONS or not name:
-        return f"metric {check.metric!r}: write SECTION.METRIC with SECTION one of {SECTIONS}"
+    if section not in SECTIONS or name not in SECTIONS[section]:
+        known = ", ".join(f"{s}.{m}" for s, metrics in SECTIONS.items() for m in metrics)
+        return f"metric {check.metric!r} is none of {known}"
     one_sided = check.relation in ("at_least", "at_most", "at_least_published")
     if one_sided and check.right is not None:
         return f"{check.relation} compares with a value: drop right"
@@ -270,10 +274,9 @@ def _value(kept: KeptCell, key: str) -> Any:
 
 def _outcomes(check: Check, cells: list[KeptCell]) -> list[Outcome]:
     """The check made once for each value its ``per`` options take on the left side."""
-    keys = check.per
     repetitions: list[dict[str, Any]] = []
     for kept in _matching(cells, check.left):
-        values = {k: _value(kept, k) for k in keys}
+        values = {k: _value(kept, k) for k in check.per}
         if values not in repetitions:
             repetitions.append(values)
     return [_outcome(check, where, cells) for where in repetitions or [{}]]

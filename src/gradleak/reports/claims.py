@@ -59,7 +59,7 @@ def _claim_section(result: ClaimResult, version_of: Versions, root: Path) -> lis
         lines += ["", "Declared by no experiment yet:", ""]
         lines += [f"- {item}" for item in claim.missing]
     if result.cells:
-        lines += ["", *_cells_table(result.cells, version_of, root)]
+        lines += ["", *_cells_table(result.cells, version_of)]
     return lines
 
 
@@ -90,7 +90,7 @@ def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
-def _cells_table(cells: list[KeptCell], version_of: Versions, root: Path) -> list[str]:
+def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
     lines = [
         "| cell | inputs | steps | device | code | strict R-1 / R-2 | exact % | "
         "paper-compatible R-1 / R-2 | the paper's R-1 / R-2 | left to run |",

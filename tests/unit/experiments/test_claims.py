@@ -148,7 +148,11 @@ def test_relations(toy, relation, value, right, holds):
 @pytest.mark.parametrize(
     ("check", "problem"),
     [
-        ("{metric: rouge1, left: {attack: tag}, relation: at_least, value: 1}", "SECTION.METRIC"),
+        ("{metric: rouge1, left: {attack: tag}, relation: at_least, value: 1}", "is none of"),
+        (
+            "{metric: paper.exact_match, left: {attack: tag}, relation: at_least, value: 1}",
+            "strict.exact_match",
+        ),
         (
             "{metric: strict.rouge1, left: {attack: tag}, relation: times, right: {attack: dlg}}",
             "times needs a value",
