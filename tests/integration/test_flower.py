@@ -665,14 +665,14 @@ def test_measured_records_give_each_rounds_epsilon_in_a_live_federation(tmp_path
         inserted = {e.text for e in records.planted(server_round - 1, partition)}
         held_out = {records.example(i).text for i in range(64) if not records.inserted[i]}
         assert inserted <= texts and not held_out & texts
-    privacy = result.privacy
-    assert privacy is not None and privacy.kind == "records" and privacy.canaries == 64
+    [privacy] = result.privacy  # no attack: scored by their gradients alone
+    assert privacy.kind == "records" and privacy.scoring == "gradient" and privacy.canaries == 64
     assert privacy.overall.auroc == 1.0
     assert privacy.overall.gdp_epsilon == pytest.approx(privacy.overall.ceiling)
-    assert [r.privacy.canaries for r in result.rounds] == [32, 32]
+    assert [r.privacy["gradient"].canaries for r in result.rounds] == [32, 32]
     with sqlite3.connect(tmp_path / "federation.sqlite") as db:
         kept = dict(db.execute("SELECT key, value FROM meta WHERE key LIKE 'privacy:%'"))
-    assert json.loads(kept["privacy:2"])["auroc"] == 1.0
+    assert json.loads(kept["privacy:2"])["gradient"]["auroc"] == 1.0
     from gradleak.reports.federation import read_federation
     from gradleak.reports.render import render_federation
 

@@ -49,10 +49,11 @@ def flower(
         result = run_federation(loaded, out, on_round=_print_round, ray_address=ray_address)
     except GradleakError as exc:
         raise fail(str(exc)) from None
-    if result.privacy is not None:
+    if result.privacy:
         from gradleak.cli.utility import print_privacy
 
-        print_privacy(result.privacy)
+        for measured in result.privacy:
+            print_privacy(measured)
     console.print(shown(f"done in {result.seconds:.1f} s" + (f"; results in {out}" if out else "")))
 
 
@@ -81,13 +82,15 @@ def _print_round(result: Any) -> None:
             f"{line['seconds']:.1f}",
         )
     console.print(table)
-    if result.privacy is not None:
-        measured = result.privacy
+    for scoring, measured in result.privacy.items():
+        if measured is None:
+            continue
         console.print(
             f"  measured epsilon of the round's {measured.canaries} records "
-            f"({measured.inserted} inserted): >= {measured.gdp_epsilon:.2f} (Gaussian DP), "
-            f">= {measured.epsilon:.2f} ((epsilon, delta) at {measured.delta:g}), at most "
-            f"{measured.ceiling:.2f} shown by as many, AUROC {measured.auroc:.3f}",
+            f"({measured.inserted} inserted, scored by {scoring}): >= "
+            f"{measured.gdp_epsilon:.2f} (Gaussian DP), >= {measured.epsilon:.2f} ((epsilon, "
+            f"delta) at {measured.delta:g}), at most {measured.ceiling:.2f} shown by as many, "
+            f"AUROC {measured.auroc:.3f}",
             highlight=False,
         )
     refusals = {(e.attack, e.refusal) for e in result.entries if e.refusal}

@@ -64,6 +64,8 @@ def print_privacy(privacy: EmpiricalPrivacy) -> None:
     canaries could show (and, for canary records, the accountant's epsilon)."""
     overall = privacy.overall
     what = "canary clients" if privacy.kind == "clients" else "canary records"
+    if privacy.kind == "records" and privacy.scoring != "gradient":
+        what += f" scored by {privacy.scoring}"
     table = Table(
         title=f"measured epsilon: {privacy.canaries} {what}, lower bounds at "
         f"{overall.confidence:.0%} confidence, delta {overall.delta:g}"

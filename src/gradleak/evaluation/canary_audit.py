@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,12 @@ class EmpiricalPrivacy:
     overall: EmpiricalEpsilon
     kind: str = "clients"
     accountant: float | None = None
+    scoring: str = "cosine"  # what scored the canaries: cosine | gradient | reconstruction
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
+            "scoring": self.scoring,
             "canaries": self.canaries,
             "seed": self.seed,
             "norm": self.norm,
@@ -176,9 +179,14 @@ class RecordAudit:
     them much), else on the whole update."""
 
     def __init__(
-        self, records: CanaryRecords, delta: float = 1e-5, accountant: float | None = None
+        self,
+        records: CanaryRecords,
+        delta: float = 1e-5,
+        accountant: float | None = None,
+        scoring: str = "gradient",
     ) -> None:
         self.records, self.delta, self.accountant = records, delta, accountant
+        self.scoring = scoring  # gradient (:meth:`score`) | reconstruction (the attacks')
         self.scores: dict[int, float] = {}
 
     def planted(
@@ -231,6 +239,19 @@ class RecordAudit:
             torch.manual_seed(derived_seed(self.records.seed, indices[0], RECORD_SCORE_STREAM))
             return fedsgd_gradient(global_model, batch), batch
 
+    def score_reconstructions(
+        self, round_index: int, sentences: Sequence[Sequence[int]], tokenizer: Any
+    ) -> None:
+        """Score the round's records by what the attacks reconstructed from the round's
+        updates (``sentences``: token ids, every attack's, every reply's): 1 where a sentence
+        is the record's own ids, else the best unigram F1 of a sentence with them."""
+        special = set(tokenizer.all_special_ids)
+        found = [[t for t in ids if t not in special] for ids in sentences]
+        for index in self.records.of_round(round_index):
+            ids = tokenizer(self.records.example(index).text)["input_ids"]
+            own = [t for t in ids if t not in special]
+            self.scores[index] = max((_unigram_f1(own, s) for s in found), default=0.0)
+
     def round_summary(self, round_index: int) -> EmpiricalEpsilon | None:
         """The bounds of one round's records (None until both kinds are scored)."""
         indices = self.records.of_round(round_index)
@@ -251,6 +272,7 @@ class RecordAudit:
             overall=overall,
             kind="records",
             accountant=self.accountant,
+            scoring=self.scoring,
         )
 
 
@@ -259,3 +281,12 @@ def _cosine(first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor
     dot = sum(float(torch.vdot(first[k].reshape(-1), second[k].reshape(-1))) for k in first)
     norms = tensors_norm(first) * tensors_norm({k: second[k] for k in first})
     return dot / norms if norms > 0 else 0.0
+
+
+def _unigram_f1(record: Sequence[int], sentence: Sequence[int]) -> float:
+    """1 for the record's own ids, else the F1 of their token multisets."""
+    if list(record) == list(sentence):
+        return 1.0
+    overlap = sum((Counter(record) & Counter(sentence)).values())
+    total = len(record) + len(sentence)
+    return 2 * overlap / total if total else 0.0

@@ -127,18 +127,24 @@ def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]], ticks: b
 def epsilon_by_round(rounds: list[dict[str, Any]]) -> Plot | None:
     """The measured epsilon of each round's canary records (both one-run bounds, and the most
     as many records could show); None where no round measured one."""
-    measured = [(r["round"], r["privacy"]) for r in rounds if r.get("privacy")]
-    if not measured:
+    ceiling = sorted({(r["round"], p["ceiling"]) for r in rounds
+                      for p in (r.get("privacy") or {}).values() if p})  # fmt: skip
+    if not ceiling:
         return None
+    scorings = list(dict.fromkeys(k for r in rounds for k in (r.get("privacy") or {})))
     figure, panel = _pyplot().subplots(figsize=(6, 3.2))
-    x = [r for r, _ in measured]
-    for key, label, style in (("gdp_epsilon", "Gaussian-DP bound", "o-"),
-                              ("epsilon", "(epsilon, delta) bound", "s-"),
-                              ("ceiling", "the most as many records show", "k--")):  # fmt: skip
-        panel.plot(x, [p[key] for _, p in measured], style, label=label)
+    ticks: set[int] = set()
+    for scoring in scorings:
+        measured = [(r["round"], r["privacy"][scoring]) for r in rounds
+                    if (r.get("privacy") or {}).get(scoring)]  # fmt: skip
+        x = [r for r, _ in measured]
+        ticks.update(x)
+        panel.plot(x, [p["gdp_epsilon"] for _, p in measured], "o-", label=f"{scoring}: GDP")
+        panel.plot(x, [p["epsilon"] for _, p in measured], "s-", label=f"{scoring}: (eps, delta)")
+    panel.plot(*zip(*ceiling, strict=True), "k--", label="most as many records show")
     panel.set_xlabel("round")
     panel.set_ylabel("epsilon (lower bound, 95%)")
-    panel.set_xticks(x, [str(r) for r in x])
+    panel.set_xticks(sorted(ticks), [str(r) for r in sorted(ticks)])
     panel.set_ylim(bottom=0)
     panel.grid(alpha=0.3)
     panel.legend(fontsize=7, loc="best")

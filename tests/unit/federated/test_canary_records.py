@@ -76,3 +76,20 @@ def test_bad_record_counts_are_one_line(options, message):
 def test_a_vocabulary_without_words_is_refused():
     with pytest.raises(GradleakError, match="use a model with a word vocabulary"):
         CanaryRecords(4, 1, 1, 0, ("one", "two"))
+
+
+def test_a_record_reconstructed_whole_scores_one_and_in_part_its_unigram_f1():
+    from gradleak.evaluation.canary_audit import RecordAudit
+
+    tokenizer = load_victim("tiny-bert", "classification").tokenizer
+    canaries = CanaryRecords(8, 1, 2, 3, vocabulary_words(tokenizer))
+    audit = RecordAudit(canaries, scoring="reconstruction")
+    first, second = (tokenizer(canaries.example(i).text)["input_ids"] for i in (0, 1))
+    half = second[: len(second) // 2]  # [CLS] and the first words: specials do not count
+    audit.score_reconstructions(0, [first, half], tokenizer)
+    assert audit.scores[0] == 1.0
+    words = [t for t in half if t not in tokenizer.all_special_ids]
+    assert audit.scores[1] == pytest.approx(2 * len(words) / (SECRET_WORDS + len(words)))
+    assert all(audit.scores[i] < 1.0 for i in range(2, 8))
+    audit.score_reconstructions(0, [], tokenizer)  # an attack that found nothing
+    assert set(audit.scores.values()) == {0.0}

@@ -161,8 +161,12 @@ class LeakageAudit(Strategy):
         self.failures: list[tuple[int, int, str]] = []
         self._attackers: list[Attack] | None = None
         self._sent: dict[int, ArrayRecord] = {}
-        # the measured canary records the clients plant, scored against each round's change
+        # the measured canary records the clients plant, scored against each round's change,
+        # and by what the attacks reconstructed of the round
         self.records = None if records is None else RecordAudit(records)
+        self.reconstructed = (
+            None if records is None else RecordAudit(records, scoring="reconstruction")
+        )
 
     def __repr__(self) -> str:
         return f"LeakageAudit({self.strategy!r})"
@@ -194,6 +198,12 @@ class LeakageAudit(Strategy):
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
         if self.records is not None and sent is not None and aggregated is not None:
             self.score_records(server_round, sent, aggregated)
+        if self.reconstructed is not None and self.settings:
+            sentences = [
+                ids for e in self.entries if e.round == server_round for ids in e.token_ids
+            ]
+            tokenizer = self.knowledge.global_model.victim.tokenizer
+            self.reconstructed.score_reconstructions(server_round - 1, sentences, tokenizer)
         return aggregated, metrics
 
     def configure_evaluate(

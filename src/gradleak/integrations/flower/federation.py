@@ -68,7 +68,8 @@ class RoundResult:
     utility: dict[str, float]
     entries: list[AuditEntry]
     seconds: float  # the round's wall time, audit included
-    privacy: EmpiricalEpsilon | None = None  # what the round's measured records showed
+    # what the round's measured records showed, by what scored them (gradient, reconstruction)
+    privacy: dict[str, EmpiricalEpsilon | None] = field(default_factory=dict)
 
     @property
     def audit_seconds(self) -> float:
@@ -87,7 +88,7 @@ class FederationResult:
     rounds: list[RoundResult] = field(default_factory=list)
     initial_utility: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
-    privacy: EmpiricalPrivacy | None = None  # the measured records over the whole run
+    privacy: list[EmpiricalPrivacy] = field(default_factory=list)  # the records over the run
 
 
 def run_federation(
@@ -222,18 +223,18 @@ class _Server:
             return
         entries = [e for e in audit.entries if e.round == server_round]
         now = time.perf_counter()
-        records = audit.records
+        measured = [m for m in (audit.records, audit.reconstructed) if m and m.scores]
         result = RoundResult(
             round=server_round,
             utility=utility,
             entries=entries,
             seconds=now - self._round_start,
-            privacy=records.round_summary(server_round - 1) if records else None,
+            privacy={m.scoring: m.round_summary(server_round - 1) for m in measured},
         )
         self._round_start = now
         self.result.rounds.append(result)
-        if records is not None and server_round == self.setup.rounds:
-            self.result.privacy = records.result()
+        if server_round == self.setup.rounds:
+            self.result.privacy = [m.result() for m in measured]
         if self.store is not None:
             self.store.add_round(server_round, utility, entries, result.seconds, result.privacy)
         if self.on_round is not None:

@@ -52,14 +52,15 @@ class FederationStore:
         utility: dict[str, float],
         entries: list[AuditEntry],
         seconds: float,
-        privacy: EmpiricalEpsilon | None = None,
+        privacy: dict[str, EmpiricalEpsilon | None] | None = None,
     ) -> None:
         audit_seconds = sum(entry.seconds for entry in entries)
         with self._connect() as connection:
-            if privacy is not None:  # the round's measured epsilon, beside its entries
+            if privacy:  # the round's measured epsilon by what scored it, beside its entries
+                measured = {k: v.as_dict() if v else None for k, v in privacy.items()}
                 connection.execute(
                     "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                    (f"privacy:{server_round}", json.dumps(privacy.as_dict())),
+                    (f"privacy:{server_round}", json.dumps(measured)),
                 )
             connection.execute(
                 "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
