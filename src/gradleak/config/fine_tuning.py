@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class UtilitySettings(BaseModel):
@@ -56,3 +56,10 @@ class UtilitySettings(BaseModel):
         description="the norm of a canary's update (default: the median norm of round 1's "
         "real updates)",
     )
+
+    @field_validator("canary_records")
+    @classmethod
+    def _records_or_none(cls, value: int) -> int:
+        if value == 1:  # a bound compares inserted records with held-out ones
+            raise ValueError("canary records need at least 2 (or 0: none)")
+        return value

@@ -221,6 +221,12 @@ def test_canary_records_measure_epsilon_per_example_beside_the_accountants(keywo
     assert private.overall.epsilon <= private.accountant
 
 
+def test_a_single_canary_record_is_refused_before_anything_loads():
+    with pytest.raises(GradleakError, match="canary records need at least 2") as error:
+        utility_from_options({"model": "tiny-bert", "canary_records": 1})
+    assert "\n" not in str(error.value)
+
+
 def test_the_utility_command_prints_and_records_what_the_records_measured(keyword_task, tmp_path):
     out = tmp_path / "utility.json"
     result = invoke_utility(
