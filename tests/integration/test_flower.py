@@ -393,6 +393,7 @@ def test_a_canary_is_recovered_from_a_live_fedsgd_round():
         ({"audit": {"attacks": ["nope"]}}, "nope"),
         ({"audit": {"scoring": "canaries"}}, "needs canaries.records"),
         ({"canaries": {"measured": 8}, "fraction": 0.5}, "use fraction 1"),
+        ({"canaries": {"measured": 1}}, "at least 2 records"),
     ],
 )
 def test_a_bad_setup_is_one_line_naming_the_field(changes, message):

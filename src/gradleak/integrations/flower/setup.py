@@ -214,6 +214,8 @@ class FederationSetup(_Section):
                 f"canaries.clients: partition {bad[0]} does not exist with "
                 f"{self.partition.clients} clients (0..{self.partition.clients - 1})"
             )
+        if self.canaries.measured == 1:
+            raise ValueError("canaries.measured: a bound needs at least 2 records (or 0: none)")
         if self.canaries.measured and self.fraction < 1:
             raise ValueError(
                 "canaries.measured plants records in every client's batch, and a client left "
