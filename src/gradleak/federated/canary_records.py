@@ -7,9 +7,9 @@ Record i is a secret of six words drawn at random from the model's vocabulary (a
 canary, as the secret sharer plants them: Carlini et al., USENIX Security 2019), drawn from its
 own seed with a label for classification; a fair coin decides whether it is inserted, and a
 seeded draw gives its round and its client. An inserted record joins its client's batch in its
-round (the client then holds one example more); a held-out one is never seen by anyone. Each
-record of a round, inserted or held out, is scored against the round's aggregate by the cosine
-with its own gradient at the model the round started from
+round (one example more for each); a held-out one is never seen by anyone. Each record of a
+round, inserted or held out, is scored against the round's aggregate by the cosine with its
+own gradient at the model the round started from
 (:mod:`gradleak.evaluation.canary_audit`): random words make the records' gradients nearly
 orthogonal where the update carries the embedding table, one row per word.
 
@@ -31,6 +31,9 @@ from transformers import PreTrainedTokenizerBase
 from gradleak.data import Example
 from gradleak.errors import GradleakError
 
+COINS_STREAM, PLACES_STREAM, TEXT_STREAM = 0, 1, 2  # independent streams of the records' seed
+SECRET_WORDS = 6  # words in a record
+
 
 def vocabulary_words(tokenizer: PreTrainedTokenizerBase, shortest: int = 4) -> tuple[str, ...]:
     """The tokenizer's tokens that are whole lowercase words of at least ``shortest`` letters
@@ -43,10 +46,6 @@ def vocabulary_words(tokenizer: PreTrainedTokenizerBase, shortest: int = 4) -> t
         if len(tokenizer.tokenize(" " + word)) == 1:  # one row of the table, after a space
             words.add(word)
     return tuple(sorted(words))
-
-
-COINS_STREAM, PLACES_STREAM, TEXT_STREAM = 0, 1, 2
-SECRET_WORDS = 6  # words in a record
 
 
 @dataclass(frozen=True)
