@@ -20,6 +20,7 @@ from gradleak.evaluation.privacy_audit import (
     gdp_epsilon,
     gdp_mu,
     gdp_rejects,
+    grid_shares,
     guess_grid,
     membership_metrics,
     one_run_epsilon,
@@ -123,10 +124,21 @@ def test_ties_are_broken_against_the_auditor() -> None:
 
 def test_guess_grid() -> None:
     grid = guess_grid(1000)
-    assert grid[:3] == ((500, 500), (250, 250), (125, 125))
+    assert grid[:4] == ((62, 62), (500, 500), (250, 250), (125, 125))  # the favoured pair first
     assert (500, 0) in grid and (1000, 0) not in grid  # one-sided only up to m / 2
     assert min(k_plus + k_minus for k_plus, k_minus in grid) >= 10
-    assert guess_grid(1) == ((1, 0),)
+    assert guess_grid(1) == ((1, 0),) and guess_grid(15)[0] == (8, 7)  # none under 16
+    shares = grid_shares(1000, len(grid))
+    assert shares[0] == 0.5 and sum(shares) == pytest.approx(1.0)
+    assert grid_shares(15, 3) == [1 / 3] * 3
+
+
+def test_the_default_grid_tests_its_favoured_pair_at_half_the_significance() -> None:
+    ins, outs = gaussian_run(MU_AT_EPS_8, 1000, seed=1)
+    grid = one_run_gdp(ins, outs)
+    # the favoured pair alone at half the significance is a lower bound on the grid's result
+    favoured = one_run_gdp(ins, outs, guesses=[(62, 62)], confidence=1 - 0.05 / 2)
+    assert grid.epsilon >= favoured.epsilon > 0
 
 
 def test_gdp_conversion() -> None:

@@ -22,10 +22,12 @@ wrong one. Theorem numbers refer to the arXiv versions.
 The guesses: the top k+ scores are guessed "in" and the bottom k- "out"; the auditor abstains
 on the rest. Ties are broken against the auditor (held-out canaries rank above inserted ones
 within a tie), so a count is never above that of any tie-break that ignores the labels. By
-default both bounds try the pairs of :func:`guess_grid` and split the confidence evenly among
-them (Bonferroni: each pair is tested at beta / pairs), so the best pair's bound is still a
-valid bound at 1 - beta (the best of several k without a correction would overstate the
-confidence). A single pair passed as ``guesses=[(k_plus, k_minus)]`` is tested at beta.
+default both bounds try the pairs of :func:`guess_grid` and split the significance among
+them (Bonferroni, :func:`grid_shares`: half of beta for the favoured pair, m/16 "in" and m/16
+"out", the other half evenly among the rest), so the best pair's bound is still a valid bound
+at 1 - beta (the best of several k without a correction would overstate the confidence).
+Pairs passed as ``guesses=[(k_plus, k_minus), ...]`` share beta evenly; one alone is tested at
+beta.
 
 numpy and scipy are imported inside the functions that need them; torch is never imported. The
 parts: :mod:`.guesses` (the scores checked, the guesses), :mod:`.one_run` (Steinke et al.),
@@ -47,6 +49,7 @@ from gradleak.evaluation.privacy_audit.guesses import (
     Guesses,
     Scores,
     correct_guesses,
+    grid_shares,
     guess_grid,
 )
 from gradleak.evaluation.privacy_audit.membership import (
@@ -78,6 +81,7 @@ __all__ = [
     "gdp_epsilon",
     "gdp_mu",
     "gdp_rejects",
+    "grid_shares",
     "guess_grid",
     "membership_metrics",
     "one_run_epsilon",

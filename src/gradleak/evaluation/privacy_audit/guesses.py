@@ -19,6 +19,7 @@ Scores: TypeAlias = "Sequence[float] | np.ndarray"  # one score per canary, high
 Guesses: TypeAlias = Sequence[tuple[int, int]]  # (k_plus, k_minus) pairs
 
 MIN_GUESSES = 10  # the smallest number of guesses in the default grid
+FAVOURED = 16  # the default grid's favoured pair guesses m/16 "in" and m/16 "out"
 INV_PHI = NormalDist().inv_cdf
 SQRT2 = math.sqrt(2.0)
 EPS_TOL = 1e-6  # bisection tolerance of epsilon and mu
@@ -76,7 +77,8 @@ def check_counts(canaries: int, guesses: int, correct: int) -> None:
 
 
 def guess_grid(canaries: int) -> tuple[tuple[int, int], ...]:
-    """The default (k+, k-) pairs for ``canaries`` canaries: for r = m, m/2, m/4, ... down to
+    """The default (k+, k-) pairs for ``canaries`` canaries: first the favoured pair, m/16
+    guesses "in" and m/16 "out" (where m >= 16), then for r = m, m/2, m/4, ... down to
     :data:`MIN_GUESSES`, r guesses split evenly between "in" and "out", and, for r <= m/2, r
     guesses all "in" (the one-sided auditor, for attacks whose low scores say little)."""
     if canaries < 1:
@@ -86,9 +88,19 @@ def guess_grid(canaries: int) -> tuple[tuple[int, int], ...]:
     while size >= min(MIN_GUESSES, canaries) and size > 0:
         sizes.append(size)
         size //= 2
-    pairs = [(r - r // 2, r // 2) for r in sizes]
+    favoured = [(canaries // FAVOURED, canaries // FAVOURED)] if canaries >= FAVOURED else []
+    pairs = favoured + [(r - r // 2, r // 2) for r in sizes]
     pairs += [(r, 0) for r in sizes if r <= canaries // 2]
     return tuple(dict.fromkeys(pairs))
+
+
+def grid_shares(canaries: int, pairs: int) -> list[float]:
+    """Each default pair's part of the significance: half for the favoured pair (the first,
+    where ``canaries`` >= 16), the other half split evenly among the rest; even shares where
+    there is no favoured pair. Bonferroni: the parts add up to one."""
+    if canaries < FAVOURED or pairs < 2:
+        return [1 / pairs] * pairs
+    return [0.5] + [0.5 / (pairs - 1)] * (pairs - 1)
 
 
 def ranked_labels(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
@@ -182,17 +194,18 @@ def best_over_pairs(
     bound: Callable[[int, int, int, float, float], float],
 ) -> tuple[float, Tally]:
     """``bound(canaries, guesses, correct, significance, floor)`` of each (k+, k-) pair of
-    ``guesses`` (default :func:`guess_grid`), each tested at (1 - confidence) / pairs: the
-    largest of them and the tally of the pair that gave it."""
+    ``guesses``, each tested at its share of 1 - confidence (given pairs: even shares; the
+    default :func:`guess_grid`: :func:`grid_shares`): the largest of them and the tally of the
+    pair that gave it."""
     ins, outs = checked_scores(in_scores, "in_scores"), checked_scores(out_scores, "out_scores")
     beta = 1 - open_unit(confidence, "confidence")
     canaries = ins.size + outs.size
     pairs = checked_guesses(guesses, canaries)
     tallies = guess_tallies(ranked_labels(ins, outs), pairs)
-    share = beta / len(pairs)
+    shares = grid_shares(canaries, len(pairs)) if guesses is None else [1 / len(pairs)] * len(pairs)
     best, chosen = 0.0, 0
     for index, (r, v) in enumerate(tallies):
-        found = bound(canaries, r, v, share, best)
+        found = bound(canaries, r, v, beta * shares[index], best)
         if found > best:
             best, chosen = found, index
     r, v = tallies[chosen]
