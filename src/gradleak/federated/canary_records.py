@@ -72,6 +72,12 @@ class CanaryRecords:
                 f"canary records need at least 2 records, 1 round and 1 client, got "
                 f"{self.count}, {self.rounds} and {self.clients}: raise --canary-records"
             )
+        if self.inserted.all() or not self.inserted.any():  # said before anything runs
+            kind = "inserted" if self.inserted.all() else "held out"
+            raise GradleakError(
+                f"the {self.count} canary records' coins came up all {kind}, and a bound "
+                "compares the two kinds: raise their number (or change the seed)"
+            )
 
     @cached_property
     def inserted(self) -> np.ndarray:

@@ -73,6 +73,17 @@ def test_bad_record_counts_are_one_line(options, message):
     assert "\n" not in str(error.value)
 
 
+def test_coins_of_one_kind_only_are_refused_before_anything_runs():
+    one_kind = []
+    for seed in range(64):
+        try:
+            CanaryRecords(2, 1, 1, seed, WORDS)
+        except GradleakError as error:
+            one_kind.append(str(error))
+    assert one_kind and all("came up all" in message for message in one_kind)
+    assert len(one_kind) < 64  # fair coins: two records differ about half the time
+
+
 def test_a_vocabulary_without_words_is_refused():
     with pytest.raises(GradleakError, match="use a model with a word vocabulary"):
         CanaryRecords(4, 1, 1, 0, ("one", "two"))
