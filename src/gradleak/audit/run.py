@@ -45,7 +45,8 @@ OPTIMIZATION = ("lamp-cos", "tag")
 MIN_STEPS = 100  # below this an optimization attack says little
 BASELINE_SHARE = 0.5  # of the budget, for attacking the setup as it is
 MITIGATION_INPUTS = 2  # client updates per attack when a change is tried
-AUDIT_RECORDS = 200  # canary records in each fine-tuning an audit measures (the setup's own: any)
+# canary records in each fine-tuning an audit measures, unless the setup gives a number
+RECORDS_PER_EXAMPLE, MIN_RECORDS, MAX_RECORDS = 4, 16, 200
 
 Say = Callable[[str], None]
 
@@ -312,12 +313,16 @@ def _mitigations(auditor: _Auditor, attacks: list[str]) -> list[Mitigation]:
 
 
 def _with_records(values: dict[str, Any]) -> UtilitySettings:
-    """The setup's fine-tuning settings, with :data:`AUDIT_RECORDS` canary records unless it
-    sets ``canary_records`` itself (0: none): each fine-tuning then measures epsilon too."""
-    given = {option_key(k) for k in values}
-    return utility_settings(
-        values if "canary_records" in given else {**values, "canary_records": AUDIT_RECORDS}
-    )
+    """The setup's fine-tuning settings, with canary records unless it sets
+    ``canary_records`` itself (0: none), so that each fine-tuning also measures epsilon:
+    :data:`RECORDS_PER_EXAMPLE` for each of its examples, between :data:`MIN_RECORDS` and
+    :data:`MAX_RECORDS` (scoring them then costs less than the fine-tuning)."""
+    settings = utility_settings(values)
+    if "canary_records" in {option_key(k) for k in values}:
+        return settings
+    examples = settings.rounds * settings.clients * settings.samples
+    records = min(MAX_RECORDS, max(MIN_RECORDS, RECORDS_PER_EXAMPLE * examples))
+    return settings.model_copy(update={"canary_records": records})
 
 
 def _measure_utility(auditor: _Auditor, result: AuditResult, settings: UtilitySettings) -> None:
