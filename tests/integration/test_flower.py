@@ -670,13 +670,58 @@ def test_measured_records_give_each_rounds_epsilon_in_a_live_federation(tmp_path
     assert privacy.kind == "records" and privacy.scoring == "gradient" and privacy.canaries == 64
     assert privacy.overall.auroc == 1.0
     assert privacy.overall.gdp_epsilon == pytest.approx(privacy.overall.ceiling)
-    assert [r.privacy["gradient"].canaries for r in result.rounds] == [32, 32]
+    assert [r.privacy["records, gradient"].canaries for r in result.rounds] == [32, 32]
     with sqlite3.connect(tmp_path / "federation.sqlite") as db:
         kept = dict(db.execute("SELECT key, value FROM meta WHERE key LIKE 'privacy:%'"))
-    assert json.loads(kept["privacy:2"])["gradient"]["auroc"] == 1.0
+    assert json.loads(kept["privacy:2"])["records, gradient"]["auroc"] == 1.0
     from gradleak.reports.federation import read_federation
     from gradleak.reports.render import render_federation
 
     page = render_federation(read_federation(tmp_path))
     assert "<h2>Measured epsilon</h2>" in page and page.count("<svg") == 1
-    assert "Measured epsilon per round (canary records)" in page
+    assert "Measured epsilon per round (canaries)" in page
+
+
+@dataclass
+class StandInReply:
+    """What the canary clients read of a client's reply (a Message needs a live run)."""
+
+    content: RecordDict
+
+    def has_error(self) -> bool:
+        return False
+
+
+def test_canary_clients_join_each_rounds_aggregate_and_are_scored_against_it(tmp_path):
+    """FedAvg, 2 rounds of 2 tiny-bert clients and 32 canary clients: the aggregate the model
+    goes on with holds the round's inserted canaries exactly as declared (the clients' mean
+    and each canary's norm times its direction, weighed as one client each), and undefended
+    every inserted canary stands out."""
+    from gradleak.federated.canaries import CanaryClients
+    from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable_tensors
+    from gradleak.integrations.flower.canary_clients import FlowerCanaryClients
+
+    setup = tiny_setup(rounds=2, canaries={"canary_clients": 32})
+    result = run_federation(setup, out=tmp_path)
+    [privacy] = result.privacy
+    assert privacy.kind == "clients" and privacy.canaries == 32 and privacy.overall.auroc == 1.0
+    assert [r.privacy["canary clients"].canaries for r in result.rounds] == [16, 16]
+    # the mixing, on arrays of our own: two client deltas and the round's inserted canaries
+    gm = build_global_model(setup)
+    sent = model_arrays(gm)
+    before = load_arrays(gm, sent)
+    canaries = CanaryClients(8, 1, seed=5)
+    mixer = FlowerCanaryClients(canaries, fedsgd=False, server_lr=1.0)
+    mixer.audit.norm = 2.0
+    deltas = [{n: torch.full_like(t, float(k + 1)) for n, t in before.items()} for k in range(2)]
+    replies = [StandInReply(RecordDict({"arrays": record_of({n: before[n] + d[n] for n in d})}))
+               for d in deltas]  # fmt: skip
+    aggregated = record_of({n: before[n] + 1.5 for n in before})  # the clients' mean delta
+    mixed = trainable_tensors(gm, mixer.mixed(0, gm, sent, aggregated, replies, "arrays"))
+    inserted = canaries.inserted_in(0)
+    total = {n: torch.full_like(t, 3.0) for n, t in before.items()}
+    for index in inserted:
+        for n, t in canaries.direction(index, before).items():
+            total[n] += 2.0 * t
+    for n in before:
+        torch.testing.assert_close(mixed[n], before[n] + total[n] / (2 + len(inserted)))

@@ -86,11 +86,10 @@ def _print_round(result: Any) -> None:
         if measured is None:
             continue
         console.print(
-            f"  measured epsilon of the round's {measured.canaries} records "
-            f"({measured.inserted} inserted, scored by {scoring}): >= "
-            f"{measured.gdp_epsilon:.2f} (Gaussian DP), >= {measured.epsilon:.2f} ((epsilon, "
-            f"delta) at {measured.delta:g}), at most {measured.ceiling:.2f} shown by as many, "
-            f"AUROC {measured.auroc:.3f}",
+            f"  measured epsilon ({scoring}; {measured.canaries} this round, "
+            f"{measured.inserted} inserted): >= {measured.gdp_epsilon:.2f} (Gaussian DP), >= "
+            f"{measured.epsilon:.2f} ((epsilon, delta) at {measured.delta:g}), at most "
+            f"{measured.ceiling:.2f} shown by as many, AUROC {measured.auroc:.3f}",
             highlight=False,
         )
     refusals = {(e.attack, e.refusal) for e in result.entries if e.refusal}

@@ -155,6 +155,11 @@ class CanaryAudit:
         """Score the round's canaries, inserted and held out, against its aggregate."""
         self.scores.update(self.canaries.scores(round_index, aggregate))
 
+    def round_summary(self, round_index: int) -> EmpiricalEpsilon | None:
+        """The bounds of one round's canaries (None until both kinds are scored)."""
+        indices = self.canaries.of_round(round_index)
+        return bounds(self.scores, self.canaries.inserted, indices, self.delta)
+
     def result(self) -> EmpiricalPrivacy:
         """The measured epsilon of each round and of the run, from the scores so far."""
         by_round = [self.canaries.of_round(r) for r in range(self.canaries.rounds)]

@@ -125,8 +125,8 @@ def _svg(axis: str, lines: dict[str, list[tuple[float, float, float]]], ticks: b
 
 
 def epsilon_by_round(rounds: list[dict[str, Any]]) -> Plot | None:
-    """The measured epsilon of each round's canary records (both one-run bounds, and the most
-    as many records could show); None where no round measured one."""
+    """The measured epsilon of each round's canaries (both one-run bounds for each kind, and
+    the most as many canaries could show); None where no round measured one."""
     ceiling = sorted({(r["round"], p["ceiling"]) for r in rounds
                       for p in (r.get("privacy") or {}).values() if p})  # fmt: skip
     if not ceiling:
@@ -141,14 +141,14 @@ def epsilon_by_round(rounds: list[dict[str, Any]]) -> Plot | None:
         ticks.update(x)
         panel.plot(x, [p["gdp_epsilon"] for _, p in measured], "o-", label=f"{scoring}: GDP")
         panel.plot(x, [p["epsilon"] for _, p in measured], "s-", label=f"{scoring}: (eps, delta)")
-    panel.plot(*zip(*ceiling, strict=True), "k--", label="most as many records show")
+    panel.plot(*zip(*ceiling, strict=True), "k--", label="most as many canaries show")
     panel.set_xlabel("round")
     panel.set_ylabel("epsilon (lower bound, 95%)")
     panel.set_xticks(sorted(ticks), [str(r) for r in sorted(ticks)])
     panel.set_ylim(bottom=0)
     panel.grid(alpha=0.3)
     panel.legend(fontsize=7, loc="best")
-    return Plot("Measured epsilon per round (canary records)", _inline(figure))
+    return Plot("Measured epsilon per round (canaries)", _inline(figure))
 
 
 def _pyplot() -> Any:

@@ -43,6 +43,7 @@ from gradleak.errors import GradleakError
 from gradleak.evaluation.canary_audit import RecordAudit
 from gradleak.federated.canary_records import CanaryRecords
 from gradleak.integrations.flower.arrays import load_arrays, trainable_tensors
+from gradleak.integrations.flower.canary_clients import FlowerCanaryClients
 from gradleak.integrations.flower.replies import (
     Received,
     ServerModel,
@@ -145,6 +146,7 @@ class LeakageAudit(Strategy):
         arrayrecord_key: str = "arrays",
         seed: int = 0,
         records: CanaryRecords | None = None,
+        canary_clients: FlowerCanaryClients | None = None,
     ) -> None:
         super().__init__()
         self.strategy = strategy
@@ -167,6 +169,7 @@ class LeakageAudit(Strategy):
         self.reconstructed = (
             None if records is None else RecordAudit(records, scoring="reconstruction")
         )
+        self.canary_clients = canary_clients  # mixed into each round's aggregate and scored
 
     def __repr__(self) -> str:
         return f"LeakageAudit({self.strategy!r})"
@@ -196,6 +199,11 @@ class LeakageAudit(Strategy):
             self.audit_round(server_round, sent, replies)
         # every reply, malformed or not, as received: the aggregate is the strategy's own
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
+        if self.canary_clients is not None and sent is not None and aggregated is not None:
+            aggregated = self.canary_clients.mixed(
+                server_round - 1, self.knowledge.global_model, sent, aggregated, replies,
+                self.arrayrecord_key,
+            )  # fmt: skip
         if self.records is not None and sent is not None and aggregated is not None:
             self.score_records(server_round, sent, aggregated)
         if self.reconstructed is not None and self.settings:

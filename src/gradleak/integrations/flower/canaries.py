@@ -23,6 +23,7 @@ from gradleak.models.tasks import unwrap
 from gradleak.runtime.seeds import derived_seed
 
 RECORDS_STREAM = 2001  # the measured records' seed, apart from the clients' and the attacks'
+CANARY_CLIENTS_STREAM = 2000  # the canary clients' seed
 
 
 def measured_records(setup: FederationSetup, global_model: GlobalModel) -> CanaryRecords | None:

@@ -40,13 +40,15 @@ from flwr.simulation import run_simulation
 
 from gradleak.data.sources import load_examples
 from gradleak.errors import GradleakError, last_line
-from gradleak.evaluation.canary_audit import EmpiricalPrivacy
+from gradleak.evaluation.canary_audit import CanaryAudit, EmpiricalPrivacy, RecordAudit
 from gradleak.evaluation.privacy_audit import EmpiricalEpsilon
 from gradleak.evaluation.utility import evaluate_model
+from gradleak.federated.canaries import CanaryClients
 from gradleak.federated.client import GlobalModel
 from gradleak.integrations.flower.arrays import load_arrays, model_arrays
 from gradleak.integrations.flower.audit import AuditEntry, AuditSample, LeakageAudit, Scorer
-from gradleak.integrations.flower.canaries import measured_records
+from gradleak.integrations.flower.canaries import CANARY_CLIENTS_STREAM, measured_records
+from gradleak.integrations.flower.canary_clients import FlowerCanaryClients
 from gradleak.integrations.flower.client import build_global_model, client_app
 from gradleak.integrations.flower.fedsgd import FedSgd
 from gradleak.integrations.flower.ledger import FILE_NAME, Ledger, private_ledger, remove_ledger
@@ -57,6 +59,7 @@ from gradleak.integrations.flower.setup import FederationSetup, setup_of
 from gradleak.integrations.flower.store import FederationStore
 from gradleak.reports.federation import round_summary
 from gradleak.running.distributed import connect
+from gradleak.runtime.seeds import derived_seed
 from gradleak.runtime.state import kept_global_state
 
 
@@ -188,6 +191,7 @@ class _Server:
                 scorers=self._scorers(global_model),
                 seed=setup.seed,
                 records=measured_records(setup, global_model),
+                canary_clients=_canary_clients(setup),
             )
             strategy = _with_privacy(setup, audit)
             initial = model_arrays(global_model)
@@ -223,13 +227,14 @@ class _Server:
             return
         entries = [e for e in audit.entries if e.round == server_round]
         now = time.perf_counter()
-        measured = [m for m in (audit.records, audit.reconstructed) if m and m.scores]
+        clients = audit.canary_clients.audit if audit.canary_clients else None
+        measured = [m for m in (clients, audit.records, audit.reconstructed) if m and m.scores]
         result = RoundResult(
             round=server_round,
             utility=utility,
             entries=entries,
             seconds=now - self._round_start,
-            privacy={m.scoring: m.round_summary(server_round - 1) for m in measured},
+            privacy={_scoring(m): m.round_summary(server_round - 1) for m in measured},
         )
         self._round_start = now
         self.result.rounds.append(result)
@@ -254,6 +259,22 @@ class _Server:
         if setup.canaries.records and setup.audit.scoring != "none":
             scorers.append(CanaryScorer(setup.canaries.records, global_model))
         return scorers
+
+
+def _canary_clients(setup: FederationSetup) -> FlowerCanaryClients | None:
+    """The federation's canary clients, drawn from the setup's seed (None without them)."""
+    count = setup.canaries.canary_clients
+    if not count:
+        return None
+    canaries = CanaryClients(
+        count, setup.rounds, derived_seed(setup.seed, 0, CANARY_CLIENTS_STREAM)
+    )
+    return FlowerCanaryClients(canaries, setup.protocol.algorithm == "fedsgd", setup.server_lr)
+
+
+def _scoring(measured: CanaryAudit | RecordAudit) -> str:
+    """What scored a measurement's canaries, as the results name it."""
+    return "canary clients" if isinstance(measured, CanaryAudit) else f"records, {measured.scoring}"
 
 
 def _base_strategy(setup: FederationSetup) -> Strategy:

@@ -118,6 +118,14 @@ class Canaries(_Section):
     clients: tuple[int, ...] = Field((0,), description="partitions (0..K-1) that plant them")
     per_round: int = Field(1, ge=1, description="canaries in each such client's round batch")
     records: tuple[Canary, ...] = ()
+    canary_clients: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="canary clients for a measured epsilon (Andrew et al.): a random update "
+        "direction each, inserted by a fair coin into one round's aggregate and scored by its "
+        "cosine with the round's mean update (0: none; not beside Flower's DP)",
+    )
     measured: int = Field(
         0,
         ge=0,
@@ -213,6 +221,13 @@ class FederationSetup(_Section):
             raise ValueError(
                 f"canaries.clients: partition {bad[0]} does not exist with "
                 f"{self.partition.clients} clients (0..{self.partition.clients - 1})"
+            )
+        if self.canaries.canary_clients == 1:
+            raise ValueError("canaries.canary_clients: a bound needs at least 2 (or 0: none)")
+        if self.canaries.canary_clients and (self.privacy.client or self.privacy.central):
+            raise ValueError(
+                "canaries.canary_clients send a crafted update that Flower's DP clipping never "
+                "sees: drop canary_clients, or privacy"
             )
         if self.canaries.measured == 1:
             raise ValueError("canaries.measured: a bound needs at least 2 records (or 0: none)")
