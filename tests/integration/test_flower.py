@@ -394,6 +394,13 @@ def test_a_canary_is_recovered_from_a_live_fedsgd_round():
         ({"audit": {"scoring": "canaries"}}, "needs canaries.records"),
         ({"canaries": {"measured": 8}, "fraction": 0.5}, "use fraction 1"),
         ({"canaries": {"measured": 1}}, "at least 2 records"),
+        (
+            {
+                "canaries": {"canary_clients": 8},
+                "privacy": {"central": {"clip": 1.0, "noise_multiplier": 0.1}},
+            },
+            "drop canary_clients, or privacy",
+        ),
     ],
 )
 def test_a_bad_setup_is_one_line_naming_the_field(changes, message):
