@@ -44,21 +44,26 @@ class FlowerCanaryClients:
         """``aggregated`` with the round's inserted canaries among its clients; each canary of
         the round scored against the new mean."""
         before = trainable_tensors(global_model, sent)
-        after = trainable_tensors(global_model, aggregated)
-        updates = [self._update(global_model, r, arrays_key, before) for r in replies]
-        updates = [u for u in updates if u is not None]
-        if not updates:
+        norms = []  # each client update's, read one at a time (they are model-sized)
+        for reply in replies:
+            update = self._update(global_model, reply, arrays_key, before)
+            if update is not None:
+                norms.append(tensors_norm(update))
+            del update
+        if not norms:
             raise GradleakError(f"round {round_index + 1} has no client update to add canaries to")
         if self.audit.norm is None:
-            self.audit.norm = statistics.median(tensors_norm(u) for u in updates)
+            self.audit.norm = statistics.median(norms)
+        after = trainable_tensors(global_model, aggregated)
         with torch.no_grad():
             # the clients' mean update: a FedAvg delta, or the mean gradient of a FedSGD step
             scale = -1 / self.server_lr if self.fedsgd else 1.0
-            total = {n: (after[n] - before[n]) * (scale * len(updates)) for n in before}
+            total = {n: (after[n] - before[n]) * (scale * len(norms)) for n in before}
+            del after
             inserted = self.audit.canaries.inserted_in(round_index)
             for index in inserted:
                 self.audit.canaries.add_to(total, index, float(self.audit.norm))
-            mean = {n: t / (len(updates) + len(inserted)) for n, t in total.items()}
+            mean = {n: t.div_(len(norms) + len(inserted)) for n, t in total.items()}
             self.audit.score(round_index, mean)
             step = -self.server_lr if self.fedsgd else 1.0
             return record_of({n: before[n] + step * mean[n] for n in before})
