@@ -102,5 +102,13 @@ def write_audit_html(result: AuditResult, path: str | Path) -> Path:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
     )  # fmt: skip
     environment.globals.update(outcome_text=outcome_text, duration=duration)
-    html = environment.get_template("audit.html.j2").render(result=result)
+    records = result.utility.records if result.utility else None
+    plot = None
+    if records is not None:  # the fine-tuning's measured epsilon, round by round
+        from gradleak.reports.plots import epsilon_by_round
+
+        rounds = [{"round": r + 1, "privacy": {"records": summary}}
+                  for r, summary in enumerate(records["rounds"])]  # fmt: skip
+        plot = epsilon_by_round(rounds)
+    html = environment.get_template("audit.html.j2").render(result=result, epsilon_plot=plot)
     return write_atomic(Path(path), html)

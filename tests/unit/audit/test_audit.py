@@ -139,6 +139,7 @@ def test_utility_is_measured_for_the_setup_and_the_changes_that_work(tmp_path):
     assert all(r["overall"]["gdp_epsilon"] <= r["accountant_epsilon"] for r in private)
     page = write_audit_html(result, tmp_path / "audit.html").read_text()
     assert "<h2>Empirical privacy</h2>" in page and "measured epsilon &gt;=" in page
+    assert page.count("<svg") == 1  # its rounds plotted
     none = tmp_path / "none.yaml"
     none.write_text(
         path.read_text().replace("eval_split: train}", "eval_split: train, canary_records: 0}")
