@@ -107,6 +107,7 @@ class KeptCell:
     cell: Cell
     options: dict[str, Any]  # the cell's config as flat options (``options_of``)
     done: int
+    refused: int  # of the kept inputs, those the attack refused or failed on (no scores)
     device: str
     source: Path | None
     metrics: dict[str, dict[str, float]]
@@ -149,7 +150,7 @@ class Outcome:
 
     @property
     def whole(self) -> bool:
-        """Whether every cell of both sides has kept inputs (the means leave none out)."""
+        """Whether every cell of both sides has scored inputs (the means leave none out)."""
         return all(c.measured for c in (*self.left_cells, *self.right_cells))
 
     @property
@@ -202,6 +203,7 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
                 cell=cell,
                 options=options_of(cell.config),
                 done=len(samples),
+                refused=sum("error" in sample for sample in samples),
                 device=found.device if found is not None else "",
                 source=found.source if found is not None else None,
                 metrics=summarize(samples),

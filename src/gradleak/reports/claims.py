@@ -82,7 +82,7 @@ def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
         where = ["-" if v is None else str(v) for v in outcome.where.values()] or ["all"]
         holds = {True: "yes", False: "**no**", None: "not measured"}[outcome.holds]
         if outcome.holds is not None and not outcome.whole:
-            holds += " (a cell has nothing kept)"
+            holds += " (a cell has no scores)"
         elif outcome.holds is not None and outcome.part_way:
             holds += " (part-way)"
         row = [*where, _figure(outcome.left), _figure(outcome.right), holds]
@@ -104,7 +104,8 @@ def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
             versions.add(version)
         strict, paper = kept.metrics.get("strict", {}), kept.metrics.get("paper", {})
         lines.append(
-            f"| {kept.cell.name} | {kept.done} of {kept.wanted} | "
+            f"| {kept.cell.name} | {kept.done} of {kept.wanted}"
+            f"{f' ({kept.refused} refused)' if kept.refused else ''} | "
             f"{kept.options.get('steps', '-')} | {kept.device or '-'} | {version or '-'} | "
             f"{_pair(strict)} | {_figure(strict.get('exact_match'))} | {_pair(paper)} | "
             f"{_pair(kept.published)} | {_left(kept)} |"

@@ -52,20 +52,22 @@ def sample(index: int, reference: str, prediction: str) -> dict:
 @pytest.fixture
 def toy(tmp_path):
     """An experiment whose TAG cells recovered everything, LAMP_cos at B=1 half of each
-    sentence, and LAMP_cos at B=2 nothing kept."""
+    sentence, and LAMP_cos at B=2 one input, refused."""
     (tmp_path / "exp.yaml").write_text(EXPERIMENT)
     (tmp_path / "published.yaml").write_text(PUBLISHED)
     (tmp_path / "kept").mkdir()
     predictions = {"tag-B1": REFERENCES, "tag-B2": REFERENCES,
                    "lamp-cos-B1": ["the cat sat", "a dog ran"]}  # fmt: skip
     for cell in expand(read_experiment(tmp_path / "exp.yaml")):
-        if cell.name not in predictions:
-            continue
         lines = [{"config": cell.config.identity(), "device": "cpu"}]
         lines += [
             sample(i, r, p)
-            for i, (r, p) in enumerate(zip(REFERENCES, predictions[cell.name], strict=True))
+            for i, (r, p) in enumerate(
+                zip(REFERENCES, predictions.get(cell.name, []), strict=False)
+            )
         ]
+        if cell.name == "lamp-cos-B2":
+            lines.append({"index": 0, "error": "refused: over the rank", "attack_s": 0.1})
         path = tmp_path / "kept" / f"{cell.name}.json.partial.jsonl"
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return tmp_path
@@ -100,10 +102,11 @@ def test_figures_are_the_kept_inputs_means_and_the_verdict_follows(toy):
     b1, b2 = result.outcomes
     assert b1.where == {"batch_size": 1}
     assert (b1.left, b1.right, b1.holds) == (100.0, pytest.approx(halves_rouge1()), True)
-    assert (b2.left, b2.right, b2.holds) == (100.0, None, None)  # lamp-cos-B2: nothing kept
+    assert (b2.left, b2.right, b2.holds) == (100.0, None, None)  # lamp-cos-B2: no scores
     assert result.verdict == "in part"
     assert [c.cell.name for c in result.cells] == ["tag-B1", "tag-B2", "lamp-cos-B1", "lamp-cos-B2"]
-    assert [c.done for c in result.cells] == [2, 2, 2, 0]
+    assert [c.done for c in result.cells] == [2, 2, 2, 1]
+    assert [c.refused for c in result.cells] == [0, 0, 0, 1]
 
 
 def test_verdicts(toy):
@@ -178,9 +181,9 @@ def test_the_document_names_each_cell_and_says_where_versions_mix(toy):
     results = claims(toy, check.replace("dlg", "lamp-cos"))
     text = render_results(results, lambda path: path.name[:5], toy, "make it")
     assert "| A 2024 | Table 1 | `one` | **in part** | 1 / 1 / 1 |" in text  # lamp-cos-B2 unkept
-    assert f"| all | 100.0 | {halves_rouge1():.1f} | yes (a cell has nothing kept) |" in text
+    assert f"| all | 100.0 | {halves_rouge1():.1f} | yes (a cell has no scores) |" in text
     assert "| tag-B1 | 2 of 2 | 10 | cpu | tag-B |" in text
-    assert "| lamp-cos-B2 | 0 of 2 | 10 | - | - |" in text
+    assert "| lamp-cos-B2 | 1 of 2 (1 refused) | 10 | cpu | lamp- |" in text
     assert "**Mixed code versions**" in text
     same = render_results(results, lambda path: "v1", toy, "make it")
     assert "One code version for the whole table: v1." in same
