@@ -173,7 +173,17 @@ class ClaimResult:
 
 
 def read_claims(path: str | Path) -> ClaimFile:
-    """Read a claim file; a problem is one line naming the file, line and key."""
+    """Read a claim file.
+
+    Args:
+        path: The claim file (YAML).
+
+    Returns:
+        Its paper and claims, each check's metric and sides checked.
+
+    Raises:
+        ExperimentError: One line naming the file, line and key of the first problem.
+    """
     path = Path(path)
     data, lines = read_yaml(path, "claim file")
     claims = validated(ClaimFile, data, path, lines)
@@ -189,7 +199,14 @@ def read_claims(path: str | Path) -> ClaimFile:
 
 def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
     """Every cell of ``experiment`` with what its kept folder holds of it and the paper's
-    figures for it."""
+    figures for it.
+
+    Args:
+        experiment: A read experiment file (``read_experiment``); nothing is run.
+
+    Returns:
+        One :class:`KeptCell` per cell of its grid, in the grid's order.
+    """
     folder = experiment.kept
     published = None
     if experiment.spec.published is not None:
@@ -215,7 +232,17 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
 
 
 def evaluate(path: str | Path) -> list[ClaimResult]:
-    """Every claim of the claim file at ``path``, decided from its experiments' kept inputs."""
+    """Every claim of a claim file, decided from its experiments' kept inputs.
+
+    Args:
+        path: The claim file; experiment paths in it are relative to its folder.
+
+    Returns:
+        One :class:`ClaimResult` per claim, in the file's order.
+
+    Raises:
+        ExperimentError: A problem with the claim file or an experiment file it names.
+    """
     path = Path(path)
     claims = read_claims(path)
     experiments: dict[Path, list[KeptCell]] = {}

@@ -36,8 +36,16 @@ SECRET_WORDS = 6  # words in a record
 
 
 def vocabulary_words(tokenizer: PreTrainedTokenizerBase, shortest: int = 4) -> tuple[str, ...]:
-    """The tokenizer's tokens that are whole lowercase words of at least ``shortest`` letters
-    (each one row of the embedding table), sorted: what a record's secret is drawn from."""
+    """What a record's secret is drawn from.
+
+    Args:
+        tokenizer: The federation's (public) tokenizer.
+        shortest: The fewest letters a word has.
+
+    Returns:
+        The tokens that are whole lowercase words of at least ``shortest`` letters and stay
+        one token after a space (one row of the embedding table each), sorted.
+    """
     words = set()
     for token in tokenizer.get_vocab():
         word = tokenizer.convert_tokens_to_string([token]).strip()  # BPE: "Ġword" -> "word"

@@ -18,8 +18,17 @@ Versions = Callable[[Path], str]  # a kept file -> the code version it names
 def render_results(
     results: Sequence[ClaimResult], version_of: Versions, root: Path, command: str
 ) -> str:
-    """Markdown of ``results`` (in order; grouped by paper). ``version_of`` names each kept
-    file's code version; paths are shown relative to ``root``; ``command`` regenerates it."""
+    """The results document of ``results``, as Markdown.
+
+    Args:
+        results: The claims, in the order shown (grouped by paper as they come).
+        version_of: Names the code version of a kept file (e.g. the commit that kept it).
+        root: The repository; experiment paths are shown relative to it.
+        command: The command that regenerates the document, quoted at its top.
+
+    Returns:
+        The page: the verdicts, then each claim's comparisons and cells.
+    """
     lines = [
         "# The seeds' claims, checked against the kept results",
         "",
