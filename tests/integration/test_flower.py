@@ -724,7 +724,8 @@ def test_canary_clients_join_each_rounds_aggregate_and_are_scored_against_it(tmp
     replies = [StandInReply(RecordDict({"arrays": record_of({n: before[n] + d[n] for n in d})}))
                for d in deltas]  # fmt: skip
     aggregated = record_of({n: before[n] + 1.5 for n in before})  # the clients' mean delta
-    mixed = trainable_tensors(gm, mixer.mixed(0, gm, sent, aggregated, replies, "arrays"))
+    after = trainable_tensors(gm, aggregated)
+    mixed = mixer.mixed(0, gm, before, after, replies, "arrays")
     inserted = canaries.inserted_in(0)
     total = {n: torch.full_like(t, 3.0) for n, t in before.items()}
     for index in inserted:

@@ -42,7 +42,7 @@ from gradleak.attacks import ATTACKS, Attack, AttackSettings
 from gradleak.errors import GradleakError
 from gradleak.evaluation.canary_audit import RecordAudit
 from gradleak.federated.canary_records import CanaryRecords
-from gradleak.integrations.flower.arrays import load_arrays, trainable_tensors
+from gradleak.integrations.flower.arrays import load_arrays, record_of, trainable_tensors
 from gradleak.integrations.flower.canary_clients import FlowerCanaryClients
 from gradleak.integrations.flower.replies import (
     Received,
@@ -199,13 +199,9 @@ class LeakageAudit(Strategy):
             self.audit_round(server_round, sent, replies)
         # every reply, malformed or not, as received: the aggregate is the strategy's own
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
-        if self.canary_clients is not None and sent is not None and aggregated is not None:
-            aggregated = self.canary_clients.mixed(
-                server_round - 1, self.knowledge.global_model, sent, aggregated, replies,
-                self.arrayrecord_key,
-            )  # fmt: skip
-        if self.records is not None and sent is not None and aggregated is not None:
-            self.score_records(server_round, sent, aggregated)
+        measuring = self.canary_clients is not None or self.records is not None
+        if measuring and sent is not None and aggregated is not None:
+            aggregated = self.measure_round(server_round, sent, aggregated, replies)
         if self.reconstructed is not None and self.settings:
             sentences = [
                 ids for e in self.entries if e.round == server_round for ids in e.token_ids
@@ -258,16 +254,26 @@ class LeakageAudit(Strategy):
                     scorer(entry)
                 self.entries.append(entry)
 
-    def score_records(self, server_round: int, sent: ArrayRecord, aggregated: ArrayRecord) -> None:
-        """Score the round's measured records against its descent direction: the arrays
-        ``sent`` less the ``aggregated`` ones (a FedAvg mean delta's negative; FedSGD's mean
-        gradient times the server's rate), at the model the round started from."""
-        assert self.records is not None
+    def measure_round(
+        self, server_round: int, sent: ArrayRecord, aggregated: ArrayRecord, replies: list[Message]
+    ) -> ArrayRecord:
+        """The round's canaries: the canary clients mixed into ``aggregated`` (the arrays the
+        model goes on with, returned), then the measured records scored against the round's
+        descent direction (the arrays ``sent`` less the new ones: a FedAvg mean delta's
+        negative, FedSGD's mean gradient times the server's rate) at the model the round
+        started from. Each of the two records is read once."""
         gm = self.knowledge.global_model
-        before = load_arrays(gm, sent)
+        before = load_arrays(gm, sent)  # the model the records' gradients are taken at
         after = trainable_tensors(gm, aggregated)
-        descent = {s.key: s.take(before[s.param] - after[s.param]) for s in gm.specs}
-        self.records.score(server_round - 1, gm, descent, "gradient", None)
+        if self.canary_clients is not None:
+            after = self.canary_clients.mixed(
+                server_round - 1, gm, before, after, replies, self.arrayrecord_key
+            )
+            aggregated = record_of(after)
+        if self.records is not None:
+            descent = {s.key: s.take(before[s.param] - after[s.param]) for s in gm.specs}
+            self.records.score(server_round - 1, gm, descent, "gradient", None)
+        return aggregated
 
     def _prepared(self) -> list[Attack]:
         """The attacks, built and prepared once (LAMP's prior is loaded once per audit)."""

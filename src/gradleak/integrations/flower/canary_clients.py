@@ -16,13 +16,13 @@ from __future__ import annotations
 import statistics
 
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Message
 
 from gradleak.errors import GradleakError
 from gradleak.evaluation.canary_audit import CanaryAudit
 from gradleak.federated.canaries import CanaryClients, tensors_norm
 from gradleak.federated.client import GlobalModel
-from gradleak.integrations.flower.arrays import record_of, trainable_tensors
+from gradleak.integrations.flower.arrays import trainable_tensors
 
 
 class FlowerCanaryClients:
@@ -36,14 +36,14 @@ class FlowerCanaryClients:
         self,
         round_index: int,
         global_model: GlobalModel,
-        sent: ArrayRecord,
-        aggregated: ArrayRecord,
+        before: dict[str, torch.Tensor],
+        after: dict[str, torch.Tensor],
         replies: list[Message],
         arrays_key: str,
-    ) -> ArrayRecord:
-        """``aggregated`` with the round's inserted canaries among its clients; each canary of
-        the round scored against the new mean."""
-        before = trainable_tensors(global_model, sent)
+    ) -> dict[str, torch.Tensor]:
+        """The trainable weights ``after`` the round (the strategy's aggregate) as they are
+        with the round's inserted canaries among its clients; ``before``: the weights sent.
+        Each canary of the round is scored against the new mean."""
         norms = []  # each client update's, read one at a time (they are model-sized)
         for reply in replies:
             update = self._update(global_model, reply, arrays_key, before)
@@ -54,19 +54,17 @@ class FlowerCanaryClients:
             raise GradleakError(f"round {round_index + 1} has no client update to add canaries to")
         if self.audit.norm is None:
             self.audit.norm = statistics.median(norms)
-        after = trainable_tensors(global_model, aggregated)
         with torch.no_grad():
             # the clients' mean update: a FedAvg delta, or the mean gradient of a FedSGD step
             scale = -1 / self.server_lr if self.fedsgd else 1.0
             total = {n: (after[n] - before[n]) * (scale * len(norms)) for n in before}
-            del after
             inserted = self.audit.canaries.inserted_in(round_index)
             for index in inserted:
                 self.audit.canaries.add_to(total, index, float(self.audit.norm))
             mean = {n: t.div_(len(norms) + len(inserted)) for n, t in total.items()}
             self.audit.score(round_index, mean)
             step = -self.server_lr if self.fedsgd else 1.0
-            return record_of({n: before[n] + step * mean[n] for n in before})
+            return {n: before[n] + step * mean[n] for n in before}
 
     def _update(
         self,
