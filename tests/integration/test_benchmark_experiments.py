@@ -1,7 +1,8 @@
-"""The repository's experiment files: the papers' tables (configs/papers) and the benchmarks'
-(benchmarks/experiments, whose finished inputs are kept in benchmarks/kept). Each loads and
-plans, each kept file belongs to a cell of its experiment, no grid is declared twice, and a
-kept folder is taken in before anything is attacked."""
+"""The repository's experiment files: the papers' tables (configs/papers), the benchmarks'
+(benchmarks/experiments, whose finished inputs are kept in benchmarks/kept) and the papers'
+own sizes for a GPU (benchmarks/experiments/gpu). Each loads and plans, each kept file belongs
+to a cell of its experiment, no grid is declared twice, and a kept folder is taken in before
+anything is attacked."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gradleak.experiments.spec import read_experiment
 from tests.helpers import ROOT
 
 BENCHMARKS = sorted((ROOT / "benchmarks" / "experiments").glob("*.yaml"))
+GPU = sorted((ROOT / "benchmarks" / "experiments" / "gpu").glob("*.yaml"))
 PAPERS = sorted(p for p in (ROOT / "configs" / "papers").glob("*.yaml")
                 if not p.name.endswith(".published.yaml"))  # fmt: skip
 KEPT = sorted(p for p in (ROOT / "benchmarks" / "kept").glob("*/*.json.partial.jsonl"))
@@ -29,15 +31,16 @@ def _id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-@pytest.mark.parametrize("path", [*PAPERS, *BENCHMARKS], ids=_id)
+@pytest.mark.parametrize("path", [*PAPERS, *BENCHMARKS, *GPU], ids=_id)
 def test_every_experiment_file_loads_and_plans(path, data_dir, tmp_path):
     experiment = load_experiment(path, str(data_dir))
     planned = plan(experiment, tmp_path / "runs" / experiment.name)
     assert len(planned.cells) == len(experiment.cells) > 0
     assert planned.remaining_inputs >= 0 and planned.seconds >= 0
-    if path in BENCHMARKS:
-        assert experiment.name == path.stem  # runs/NAME, benchmarks/kept/NAME
-        assert experiment.kept == ROOT / "benchmarks" / "kept" / path.stem
+    if path in BENCHMARKS or path in GPU:
+        name = path.stem if path in BENCHMARKS else f"gpu_{path.stem}"
+        assert experiment.name == name  # runs/NAME, benchmarks/kept/NAME
+        assert experiment.kept == ROOT / "benchmarks" / "kept" / name
 
 
 def test_the_benchmark_experiments_resume_from_their_kept_inputs(data_dir, tmp_path):
@@ -78,7 +81,7 @@ def test_no_grid_is_declared_twice(data_dir):
             identity["attack"].pop(key, None)
         return canonical_json(identity)
 
-    files = [*PAPERS, *BENCHMARKS]
+    files = [*PAPERS, *BENCHMARKS, *GPU]
     grids = {p: {sizeless(c) for c in load_experiment(p, str(data_dir)).cells} for p in files}
     chains = {p: {f.resolve() for f, _ in read_experiment(p).texts} for p in files}
     for a in files:

@@ -15,6 +15,7 @@ A **claim file** holds one paper's claims; each names the experiment whose kept 
           - {metric: paper.rouge2, left: {attack: lamp-cos}, relation: greater,
              right: {attack: tag}, per: [dataset]}
         missing: [SST-2 at B=8 (no experiment file declares it)]
+        gpu: ../experiments/gpu/lamp_table2.yaml   # the paper's size, for one GPU
 
 A check compares the mean over the matching cells (each cell's mean over its kept inputs) of
 one metric; a side is option values, or ``cell: NAME``. Relations: ``greater`` (left above
@@ -28,6 +29,9 @@ without kept inputs leaves its comparison *not measured*.
 A claim's verdict: **reproduced** when every comparison was measured on every cell it names
 and holds, and nothing is listed ``missing``; **refuted** when none that was measured holds;
 **in part** otherwise; **not measured** when no comparison could be made.
+
+A claim's ``gpu:`` file declares the paper's own size (its models, inputs and budgets) for
+when a GPU is at hand; the results document lists it with its cost (:class:`GpuPlan`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class Claim(BaseModel):
     checks: list[Check] = Field(default_factory=list)
     missing: list[str] = Field(
         default_factory=list, description="what the claim covers that no experiment declares"
+    )
+    gpu: str | None = Field(
+        None, description="the experiment file at the paper's size for one GPU, relative here"
     )
 
 
@@ -160,6 +167,19 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class GpuPlan:
+    """An experiment file for one GPU and its rough cost (``running.cost``, device "cuda"),
+    beside what the same cells would cost one CPU core."""
+
+    experiment: Path
+    description: str
+    cells: int
+    inputs: int
+    gpu_s: float
+    cpu_s: float
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     """A claim, its comparisons as made, its verdict and the cells they read."""
 
@@ -170,6 +190,7 @@ class ClaimResult:
     outcomes: list[Outcome]
     cells: list[KeptCell]
     verdict: Verdict
+    gpu: GpuPlan | None = None
 
 
 def read_claims(path: str | Path) -> ClaimFile:
@@ -259,10 +280,33 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
         used = {id(c) for o in outcomes for c in (*o.left_cells, *o.right_cells)}
         shown = [c for c in cells if id(c) in used]
         verdict = _verdict(claim, outcomes)
+        gpu = gpu_plan(path.parent / claim.gpu) if claim.gpu is not None else None
         results.append(
-            ClaimResult(claims.paper, claims.seed, claim, file, outcomes, shown, verdict)
+            ClaimResult(claims.paper, claims.seed, claim, file, outcomes, shown, verdict, gpu)
         )
     return results
+
+
+def gpu_plan(path: Path) -> GpuPlan:
+    """What the experiment file at ``path`` would cost one GPU, and one CPU core, whole.
+
+    Raises:
+        ExperimentError: A problem with the experiment file.
+    """
+    experiment = read_experiment(path)
+    cells = expand(experiment)
+    inputs = sum(cell.config.scenario.data.n_inputs for cell in cells)
+
+    def cost(device: str) -> float:
+        return sum(
+            cell.config.scenario.data.n_inputs * input_seconds(cell.config, device)
+            + training_seconds(cell.config, device)
+            for cell in cells
+        )
+
+    return GpuPlan(
+        path.resolve(), experiment.spec.description, len(cells), inputs, cost("cuda"), cost("cpu")
+    )
 
 
 def _figures(published: Published | None, cell: Cell) -> dict[str, float]:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gradleak.experiments.claims import Check, ClaimResult, KeptCell, Outcome
+from gradleak.experiments.claims import Check, ClaimResult, GpuPlan, KeptCell, Outcome
 from gradleak.experiments.estimate import duration
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
@@ -48,6 +48,7 @@ def render_results(
             f"| {result.paper} | {result.claim.table} | `{result.claim.id}` | "
             f"**{result.verdict}** | {held} / {len(made)} / {len(result.outcomes)} |"
         )
+    lines += _gpu_section(results, root)
     seed = None
     for result in results:
         if result.seed != seed:
@@ -67,9 +68,45 @@ def _claim_section(result: ClaimResult, version_of: Versions, root: Path) -> lis
     if claim.missing:
         lines += ["", "Declared by no experiment yet:", ""]
         lines += [f"- {item}" for item in claim.missing]
+    if result.gpu is not None:
+        lines += ["", f"At the paper's size, on a GPU: {_gpu_cost(result.gpu, root)}."]
     if result.cells:
         lines += ["", *_cells_table(result.cells, version_of)]
     return lines
+
+
+def _gpu_section(results: Sequence[ClaimResult], root: Path) -> list[str]:
+    """The experiment files that run claims at the papers' own size, with their cost."""
+    plans = [(r.claim.id, r.gpu) for r in results if r.gpu is not None]
+    if not plans:
+        return []
+    lines = [
+        "",
+        "## What a GPU would add",
+        "",
+        "The papers' own sizes (their models, inputs and budgets) as experiment files, to run",
+        "with `gradleak run FILE --device cuda` where a GPU is at hand (the models are hub ids:",
+        "online). Costs come from `gradleak.running.cost`: one GPU from the step costs measured",
+        "on an H100 / H200, counting what was not measured there (LAMP's discrete rounds, DAGER)",
+        "at a CPU core's cost, so an upper bound; one CPU core for comparison.",
+        "",
+        "| claim | experiment | cells | inputs | about, one GPU | about, one CPU core |",
+        "|---|---|---|---|---|---|",
+    ]
+    for claim_id, plan in plans:
+        lines.append(
+            f"| `{claim_id}` | `{_relative(plan.experiment, root)}` | {plan.cells} | "
+            f"{plan.inputs} | {duration(plan.gpu_s)} | {duration(plan.cpu_s)} |"
+        )
+    return lines
+
+
+def _gpu_cost(plan: GpuPlan, root: Path) -> str:
+    return (
+        f"`{_relative(plan.experiment, root)}` ({plan.description.rstrip('.')}: {plan.cells} "
+        f"cells, {plan.inputs} inputs, about {duration(plan.gpu_s)} on one GPU, "
+        f"{duration(plan.cpu_s)} on one CPU core)"
+    )
 
 
 def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from gradleak.errors import GradleakError
 from gradleak.evaluation.metrics import paper_scores, strict_scores
-from gradleak.experiments.claims import evaluate, read_claims
+from gradleak.experiments.claims import evaluate, gpu_plan, read_claims
 from gradleak.experiments.grid import expand
 from gradleak.experiments.spec import read_experiment
 from gradleak.reports.claims import render_results
@@ -202,3 +202,34 @@ def test_the_results_document_is_what_the_kept_records_give():
     assert code.sub("CODE", results.document()) == code.sub("CODE", committed), (
         "docs/claims.md is out of date: run python benchmarks/results.py"
     )
+
+
+def test_a_claims_gpu_file_is_listed_with_its_cost(toy):
+    """A claim's ``gpu:`` file is listed with its cells, inputs and cost: below one CPU core's
+    for the stacked optimization attacks, the CPU's for an attack not measured on a GPU."""
+    (toy / "gpu.yaml").write_text(
+        "name: gpu_toy\ndescription: the paper's size\n"
+        "fixed: {model: tiny-bert, dataset: demo, n_inputs: 100, steps: 2000}\n"
+        "axes:\n  attack: [tag, dager]\n"
+    )
+    path = toy / "claims.yaml"
+    path.write_text(
+        "paper: A 2024\nseed: 'A 2024, \"a paper\"'\nclaims:\n  - id: one\n"
+        "    table: Table 1\n    claim: something\n    experiment: exp.yaml\n    gpu: gpu.yaml\n"
+    )
+    (result,) = evaluate(path)
+    plan = result.gpu
+    assert (plan.experiment, plan.cells, plan.inputs) == ((toy / "gpu.yaml").resolve(), 2, 200)
+    assert 0 < plan.gpu_s < plan.cpu_s
+    dager = evaluate_gpu_cell(toy, "dager")
+    assert dager.gpu_s == dager.cpu_s > 0
+    text = render_results([result], lambda path: "v1", toy, "make it")
+    assert "## What a GPU would add" in text
+    assert "| `one` | `gpu.yaml` | 2 | 200 |" in text
+    assert "on a GPU: `gpu.yaml` (the paper's size: 2 cells, 200 inputs" in text
+
+
+def evaluate_gpu_cell(folder, attack: str):
+    path = folder / f"gpu-{attack}.yaml"
+    path.write_text(f"fixed: {{model: tiny-bert, dataset: demo, n_inputs: 10, attack: {attack}}}\n")
+    return gpu_plan(path)
