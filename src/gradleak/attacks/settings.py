@@ -24,3 +24,8 @@ class AttackSettings(BaseModel):
     description: ClassVar[str] = ""
 
     name: str
+
+    def protocol_problem(self, algorithm: str) -> str:
+        """Why this attack's settings cannot read an update of ``algorithm`` (fedsgd |
+        fedavg); "" if they can."""
+        return ""

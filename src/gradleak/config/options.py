@@ -332,7 +332,7 @@ def _option_error(
     path = prefix + tuple(str(p) for p in first["loc"])
     by_path = {o.path: o for o in table.values()}
     where = next((by_path[path[:n]] for n in range(len(path), 0, -1) if path[:n] in by_path), None)
-    name = where.flag if where else ".".join(path)
+    name = where.flag if where else ".".join(path) or "settings"
     message = first["msg"].removeprefix("Value error, ")
     return OptionError(f"invalid {name}: {message}", option=where.key if where else None)
 

@@ -284,6 +284,15 @@ class RunConfig(BaseModel):
             return ATTACKS.settings(name, **fields)
         return value
 
+    @model_validator(mode="after")
+    def _attack_fits_the_protocol(self, info: ValidationInfo) -> RunConfig:
+        """A new config is refused when its attack cannot read the protocol's update (a
+        stored one still loads: its record says what happened)."""
+        problem = self.attack.protocol_problem(self.scenario.protocol.algorithm)
+        if problem and not (info.context or {}).get("stored"):
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _from_flat_record(cls, data: Any) -> Any:

@@ -103,6 +103,14 @@ class OptimizationSettings(AttackSettings):
     def uses_prior(self) -> bool:
         return self.prior != NO_PRIOR and self.alpha_lm > 0 and self.discrete_every > 0
 
+    def protocol_problem(self, algorithm: str) -> str:
+        if self.fedavg_match == "simulate" and algorithm == "fedsgd":
+            return (
+                "--fedavg-match simulate replays FedAvg local training, but the protocol is "
+                "FedSGD (one gradient): use --fedavg-match pseudo, or --protocol fedavg"
+            )
+        return ""
+
 
 class DlgSettings(OptimizationSettings):
     description: ClassVar[str] = (

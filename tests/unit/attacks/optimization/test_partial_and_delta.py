@@ -378,3 +378,22 @@ def test_cli_options_give_one_line_errors(args, message):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_simulating_a_fedsgd_round_is_refused_before_anything_loads():
+    """A config (and a grid's cell) that asks to replay FedAvg training on a FedSGD gradient
+    is one line naming the fix, before any model loads; a stored one still loads."""
+    from gradleak.config import RunConfig
+    from gradleak.config.options import config_from_options
+
+    with pytest.raises(GradleakError, match="simulate replays FedAvg local training") as e:
+        config_from_options({"attack": "lamp-cos", "fedavg_match": "simulate"})
+    assert "\n" not in str(e.value) and "invalid settings" in str(e.value)
+    fedavg = config_from_options(
+        {"attack": "lamp-cos", "fedavg_match": "simulate", "protocol": "fedavg"}
+    )
+    stored = fedavg.model_dump(mode="json")
+    stored["scenario"]["protocol"]["algorithm"] = "fedsgd"
+    assert RunConfig.model_validate(stored, context={"stored": True}).attack.fedavg_match == (
+        "simulate"
+    )
