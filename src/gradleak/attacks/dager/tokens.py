@@ -73,7 +73,18 @@ def token_candidates(
         return sorted(placed.placed[position] | (set(tokens) & allowed))
 
     if adapter.rotary_positions:
-        tokens = passing(adapter.first_layer_input(hf, table))
+        inputs = adapter.first_layer_input(hf, table)
+        if within is not None and knowledge.defenses:
+            # Rows read through public noise (``embedding.py``) keep tokens whose layer-1
+            # directions the noise cut, and may miss a row the noise covers: both count.
+            layer1_tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
+            tokens = sorted(within.union(layer1_tokens))
+            state.notes.append(
+                f"tokens: {len(tokens)} (embedding rows above the noise {len(within)}, "
+                f"layer 1 {len(layer1_tokens)})"
+            )
+            return [tokens]
+        tokens = passing(inputs)
         state.notes.append(f"layer-1 tokens: {len(tokens)}{_moved_note(within, dropped)}")
         return [tokens]
     per_position = []

@@ -1,18 +1,20 @@
 """DAGER's token set from the embedding rows an update moved: exact where a zero row means an
-unread token, absent where it does not."""
+unread token or public noise alone moves the others, absent where neither holds."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+import torch
 
 from gradleak.attacks.dager import DagerAttack, DagerSettings
-from gradleak.attacks.dager.embedding import moved_tokens
+from gradleak.attacks.dager.embedding import moved_tokens, noise_row_cut
 from gradleak.attacks.dager.search import SearchState
 from gradleak.attacks.dager.tokens import token_candidates
 from gradleak.data import Example
-from gradleak.defenses.noise import NoiseSettings
+from gradleak.defenses.noise import GaussianNoise, NoiseSettings
+from gradleak.defenses.settings import PruneSettings
 from gradleak.federated.client import GlobalModel, compute_update
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import server_knowledge
@@ -56,10 +58,48 @@ def test_no_token_set_where_the_rows_do_not_give_it(tiny_victim, protocol):
     assert moved_tokens(update, knowledge) is None
 
 
-def test_no_token_set_under_a_public_defense(tiny_victim):
+def test_no_token_set_under_public_pruning(tiny_victim):
+    """Pruning may zero a true row: the rows are no token set there."""
     update, knowledge, _ = round_of(tiny_victim("tiny-llama"), Protocol(mode="eval"))
-    public = replace(knowledge, defenses=(NoiseSettings(sigma=0.01),))
+    public = replace(knowledge, defenses=(PruneSettings(keep=0.5),))
     assert moved_tokens(update, public) is None
+
+
+def noised(update, knowledge, sigma: float):
+    """The update under public relative Gaussian noise, and the server's view of it."""
+    settings = NoiseSettings(sigma=sigma, relative=True)
+    generator = torch.Generator().manual_seed(0)
+    return GaussianNoise(settings).apply(update, generator), replace(
+        knowledge, defenses=(settings,)
+    )
+
+
+def test_public_noise_leaves_the_rows_the_batchs_tokens_where_layer_1_loses_some(tiny_victim):
+    """Relative noise of 0.3 on every tensor: layer 1's span, cut at the noise floor, loses
+    tokens of the batch; the rows above the noise are exactly its tokens, and the candidates
+    hold them all."""
+    update, knowledge, tokens = round_of(tiny_victim("tiny-llama"), Protocol(mode="eval"))
+    update, knowledge = noised(update, knowledge, 0.3)
+    assert moved_tokens(update, knowledge) == tokens
+    settings = DagerSettings()
+    plan = DagerAttack(settings).check(update, knowledge)
+    hf = unwrap(knowledge.global_model.copy_model().eval())
+    plain = token_candidates(hf, knowledge, plan.layer1, settings, SearchState())
+    assert not tokens <= set(plain[0])  # layer 1 alone misses some
+    state = SearchState()
+    kept = token_candidates(hf, knowledge, plan.layer1, settings, state, tokens)
+    assert tokens <= set(kept[0])
+    assert "embedding rows above the noise" in state.notes[-1]
+
+
+def test_noise_alone_moves_no_row_past_the_cut():
+    """A table of pure noise: no row's norm reaches the cut (1% false alarms over the table
+    by construction; none in this draw)."""
+    generator = torch.Generator().manual_seed(0)
+    table = 0.02 * torch.randn(5000, 64, generator=generator, dtype=torch.float64)
+    norms = torch.linalg.vector_norm(table, dim=1)
+    assert float(norms.max()) < noise_row_cut(0.02, 5000, 64)
+    assert noise_row_cut(0.02, 5000, 64) < 0.02 * (64**0.5 + 6)  # and not far above them
 
 
 def test_only_the_moved_rows_pass_a_loose_layer_1_cut(tiny_victim):
