@@ -36,6 +36,7 @@ when a GPU is at hand; the results document lists it with its cost (:class:`GpuP
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -120,6 +121,7 @@ class KeptCell:
     metrics: dict[str, dict[str, float]]
     published: dict[str, float]  # the paper's figures for this cell (their mean), by metric
     attack_s: float  # the kept inputs' attack seconds, summed
+    refusals: tuple[tuple[str, int], ...] = ()  # why kept inputs have no scores, and how many
 
     @property
     def wanted(self) -> int:
@@ -247,6 +249,7 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
                 metrics=summarize(samples),
                 published=_figures(published, cell),
                 attack_s=sum(sample.get("attack_s") or 0.0 for sample in samples),
+                refusals=tuple(Counter(s["error"] for s in samples if "error" in s).items()),
             )
         )
     return found_cells

@@ -157,6 +157,13 @@ def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
             f"{_pair(kept.published)} | {_left(kept)} |"
         )
     lines += ["", _one_of(devices, "device"), _one_of(versions, "code version")]
+    refused = [(kept, why, count) for kept in cells for why, count in kept.refusals]
+    if refused:
+        lines += ["", "Inputs without scores, and why (the attack's own words):", ""]
+        lines += [
+            f"- {kept.cell.name}, {count} of {kept.done}: {why}" for kept, why, count in refused
+        ]
+        lines.append("")
     left = [kept.remaining for kept in cells]
     inputs, seconds = sum(e.remaining for e in left), sum(e.seconds for e in left)
     if inputs:

@@ -184,6 +184,7 @@ def test_the_document_names_each_cell_and_says_where_versions_mix(toy):
     assert f"| all | 100.0 | {halves_rouge1():.1f} | yes (a cell has no scores) |" in text
     assert "| tag-B1 | 2 of 2 | 10 | cpu | tag-B |" in text
     assert "| lamp-cos-B2 | 1 of 2 (1 refused) | 10 | cpu | lamp- |" in text
+    assert "- lamp-cos-B2, 1 of 1: refused: over the rank" in text  # why, in the attack's words
     assert "**Mixed code versions**" in text
     same = render_results(results, lambda path: "v1", toy, "make it")
     assert "One code version for the whole table: v1." in same
