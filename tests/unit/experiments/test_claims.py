@@ -180,7 +180,8 @@ def test_the_document_names_each_cell_and_says_where_versions_mix(toy):
     )
     results = claims(toy, check.replace("dlg", "lamp-cos"))
     text = render_results(results, lambda path: path.name[:5], toy, "make it")
-    assert "| A 2024 | Table 1 | `one` | **in part** | 1 / 1 / 1 |" in text  # lamp-cos-B2 unkept
+    # lamp-cos-B2 unscored (its one input refused); of the 4 cells' 8 inputs, 7 kept
+    assert "| A 2024 | Table 1 | `one` | **in part** | 1 / 1 / 1 | 7 / 8 |" in text
     assert f"| all | 100.0 | {halves_rouge1():.1f} | yes (a cell has no scores) |" in text
     assert "| tag-B1 | 2 of 2 | 10 | cpu | tag-B |" in text
     assert "| lamp-cos-B2 | 1 of 2 (1 refused) | 10 | cpu | lamp- |" in text
