@@ -368,7 +368,7 @@ def test_attack_with_simulation_recovers_a_short_sentence(tiny_victim):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--fedavg-match", "simulate"], "FedSGD gradient"),
+        (["--fedavg-match", "simulate"], "the protocol is FedSGD"),
         (["--fedavg-match", "replay"], "fedavg-match"),
         (["--normalize", "layer"], "normalize"),
     ],
