@@ -44,13 +44,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradleak.config.options import options_of
-from gradleak.experiments.estimate import CellEstimate
+from gradleak.experiments.estimate import CellEstimate, estimate
 from gradleak.experiments.grid import Cell, expand
 from gradleak.experiments.kept import kept_results
 from gradleak.experiments.published import Published, read_published
 from gradleak.experiments.spec import ExperimentFile, option_key, read_experiment, same_value
 from gradleak.experiments.yaml_files import located, read_yaml, validated
-from gradleak.running.cost import input_seconds, training_seconds
 from gradleak.running.record import summarize
 
 Relation = Literal["greater", "times", "within", "at_least", "at_most", "at_least_published"]
@@ -134,10 +133,7 @@ class KeptCell:
         remaining = max(0, self.wanted - self.done)
         if self.done:
             return CellEstimate(remaining, remaining * self.attack_s / self.done, True)
-        config = self.cell.config
-        return CellEstimate(
-            remaining, remaining * input_seconds(config) + training_seconds(config), False
-        )
+        return estimate(self.cell.config, None)
 
     @property
     def measured(self) -> bool:
@@ -270,6 +266,7 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
     path = Path(path)
     claims = read_claims(path)
     experiments: dict[Path, list[KeptCell]] = {}
+    gpu_plans: dict[Path, GpuPlan] = {}  # two claims may share a file
     results = []
     for claim in claims.claims:
         cells: list[KeptCell] = []
@@ -283,7 +280,12 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
         used = {id(c) for o in outcomes for c in (*o.left_cells, *o.right_cells)}
         shown = [c for c in cells if id(c) in used]
         verdict = _verdict(claim, outcomes)
-        gpu = gpu_plan(path.parent / claim.gpu) if claim.gpu is not None else None
+        gpu = None
+        if claim.gpu is not None:
+            gpu_file = (path.parent / claim.gpu).resolve()
+            if gpu_file not in gpu_plans:
+                gpu_plans[gpu_file] = gpu_plan(gpu_file)
+            gpu = gpu_plans[gpu_file]
         results.append(
             ClaimResult(claims.paper, claims.seed, claim, file, outcomes, shown, verdict, gpu)
         )
@@ -301,11 +303,7 @@ def gpu_plan(path: Path) -> GpuPlan:
     inputs = sum(cell.config.scenario.data.n_inputs for cell in cells)
 
     def cost(device: str) -> float:
-        return sum(
-            cell.config.scenario.data.n_inputs * input_seconds(cell.config, device)
-            + training_seconds(cell.config, device)
-            for cell in cells
-        )
+        return sum(estimate(cell.config, None, device).seconds for cell in cells)
 
     return GpuPlan(
         path.resolve(), experiment.spec.description, len(cells), inputs, cost("cuda"), cost("cpu")

@@ -20,15 +20,16 @@ class CellEstimate:
     measured: bool
 
 
-def estimate(config: RunConfig, status: CellStatus | None) -> CellEstimate:
-    """The remaining cost of a cell whose database status is ``status`` (None: never run)."""
+def estimate(config: RunConfig, status: CellStatus | None, device: str = "cpu") -> CellEstimate:
+    """The remaining cost of a cell whose database status is ``status`` (None: never run), on
+    one CPU core or (``device`` "cuda") one GPU where nothing of it has run yet."""
     wanted = config.scenario.data.n_inputs
     done = 0 if status is None else status.done
     remaining = max(0, wanted - done)
     if status is not None and status.done > 0:
         return CellEstimate(remaining, remaining * status.attack_s / status.done, True)
-    per_input = input_seconds(config)
-    training = training_seconds(config) if done == 0 else 0.0
+    per_input = input_seconds(config, device)
+    training = training_seconds(config, device) if done == 0 else 0.0
     return CellEstimate(remaining, remaining * per_input + training, False)
 
 

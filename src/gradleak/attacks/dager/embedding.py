@@ -38,9 +38,11 @@ from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
 from gradleak.models.tasks import unwrap
 
-# Defenses that leave an unread row zero but for the noise they add, and the chance that some
-# row of noise alone passes the cut (over the whole table).
-ADDITIVE = frozenset({"noise", "dpsgd", "secagg"})
+# Public defenses whose noise moves every row; those that leave an unread row zero but for
+# that noise (secure aggregation sums rows); the chance that some row of noise alone passes
+# the cut (over the whole table).
+NOISY = frozenset({"noise", "dpsgd"})
+ADDITIVE = NOISY | {"secagg"}
 ROW_FALSE_ALARM = 0.01
 
 
@@ -63,6 +65,12 @@ def moved_tokens(update: UpdatePayload, knowledge: ServerKnowledge) -> set[int] 
     if len(moved) == 0 or 2 * len(moved) > len(tensor):
         return None
     return set(moved.tolist())
+
+
+def noise_moved_rows(knowledge: ServerKnowledge) -> bool:
+    """Whether a public defense's noise moved every row, so that the rows above it were read
+    against a cut rather than as exact zeros."""
+    return bool(NOISY.intersection(defense_names(knowledge.defenses)))
 
 
 def noise_row_cut(std: float, rows: int, width: int) -> float:

@@ -13,15 +13,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from gradleak.attacks.adaptive import defense_names
 from gradleak.attacks.dager.check import LayerCheck
+from gradleak.attacks.dager.embedding import noise_moved_rows
 from gradleak.attacks.dager.positions import Placement
 from gradleak.attacks.dager.search import SearchState, count_cut, threshold
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.federated.server import ServerKnowledge
-
-# Public defenses whose noise moves every embedding row (``embedding.py``).
-NOISY = frozenset({"noise", "dpsgd"})
 
 # The adaptive cut is never below this span distance. A float32 gradient's true inputs along
 # the span's weakest direction lie further from it than the rest, and the largest gap can
@@ -78,7 +75,7 @@ def token_candidates(
 
     if adapter.rotary_positions:
         inputs = adapter.first_layer_input(hf, table)
-        if within is not None and NOISY.intersection(defense_names(knowledge.defenses)):
+        if within is not None and noise_moved_rows(knowledge):
             # Rows read through public noise (``embedding.py``) keep tokens whose layer-1
             # directions the noise cut, and may miss a row the noise covers: both count.
             layer1_tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
