@@ -19,8 +19,8 @@ Suites:
   flower_audit   a 4-client, 3-round Flower federation (MiniLM SST-2, LoRA, FedAvg) audited by
                  DAGER and TAG, and without the audit: seconds per round, what leaked.
   planned_runs   the plain `gradleak attack --attack lamp-cos|tag --mode eval` on --batches
-                 CoLA inputs, planned against one by one (--workers 1 --stack 1): wall s per
-                 input and scores.
+                 CoLA inputs, planned against one by one (--workers 1 --stack 1, or with
+                 --before REV that revision's own plain commands): wall s per input, scores.
   update_time    the FedSGD client update vs a plain loss.backward(), SmolLM2 and MiniLM on
                  CoLA (B=16, and MiniLM B=1), --threads threads and one.
   dp_step        the FedSGD update with DP-SGD (opacus, each grad_sample_mode) vs without it,
@@ -95,6 +95,9 @@ def main() -> None:
         "--batches", type=int, default=20, help="inputs of the suites that take several"
     )
     parser.add_argument("--data-dir", default=os.environ.get("GRADLEAK_DATA_DIR"))
+    parser.add_argument("--before", metavar="REV",
+                        help="planned_runs: time git revision REV's plain commands as the "
+                             "one-by-one arm")  # fmt: skip
     args = parser.parse_args()
     for suite in args.suites:
         if suite in SUITES:
@@ -107,7 +110,8 @@ def main() -> None:
         parser.error(f"unknown suite {suite}: use one of {', '.join(SUITES)}")
     torch.set_num_threads(args.threads)
     for suite in args.suites:
-        SUITES[suite](args.out, args.batches, args.data_dir)
+        options = {"before": args.before} if suite == "planned_runs" else {}
+        SUITES[suite](args.out, args.batches, args.data_dir, **options)
 
 
 if __name__ == "__main__":
