@@ -13,6 +13,10 @@
    all lie in the span (``encoder.py``). On a plain FedSGD gradient each sentence an encoder
    search finds is taken off the update and the search goes on over the rest's spans
    (``peel.py``, an extension of the paper).
+4. Where a rotary decoder's clean gradient spans a layer from fewer rows than the hidden size
+   (LoRA's A-gradients, after round 1), a batch with more inputs than rows leaves only a slice
+   of their span: the tokens and the prefixes are then read as the slice's sparse support
+   (``sparse.py``, an extension of the paper; ``--no-sparse`` turns it off).
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
 local steps' gradients, and the scale does not matter for a span. A local step on another
@@ -52,6 +56,12 @@ from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
+from gradleak.attacks.dager.sparse import (
+    SHORTLIST,
+    sparse_sentences,
+    sparse_tokens,
+    weighted_slice,
+)
 from gradleak.attacks.dager.tokens import token_candidates
 from gradleak.federated.arithmetic import client_arithmetic, input_rounding, storage_dtype
 from gradleak.federated.payload import UpdatePayload
@@ -155,9 +165,13 @@ class DagerAttack(Attack[DagerSettings]):
             placed = placed_tokens(update, knowledge, within) if within is not None else None
             if placed is not None:
                 state.least_alive = placed.least_alive()
-            candidates = token_candidates(
-                hf, knowledge, layer1, self.settings, state, within, placed
-            )
+            sparse = self._sparse_applies(update, knowledge) and end is None
+            if sparse and layer1.sliced:
+                candidates = [self._sparse_tokens(hf, knowledge, layer1, state)]
+            else:
+                candidates = token_candidates(
+                    hf, knowledge, layer1, self.settings, state, within, placed
+                )
             if end is not None:
                 batch_tokens = sorted({t for options in candidates for t in options})
                 exact = gm.protocol.precision == "float64" and not knowledge.defenses
@@ -172,9 +186,14 @@ class DagerAttack(Attack[DagerSettings]):
             # the batch's tokens (not so in LoRA's adapter space, or under a defense).
             exact_count = _token_count(plan.layer2, knowledge, state) is not None
             if gm.adapter.is_decoder:
-                search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
-                found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
+                if sparse and layer2.sliced:
+                    found = self._sparse_sentences(
+                        hf, knowledge, layer2, candidates[0], start, state
+                    )
+                else:
+                    search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
+                    found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
                 sentences = pick_distinct(found, knowledge.batch_size)
             elif self.settings.peel and peelable(update, knowledge) and exact_count:
                 sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
@@ -203,6 +222,59 @@ class DagerAttack(Attack[DagerSettings]):
                 "rank_cut": rank_cut(plan, self.settings.rank_tol),
             },
         )
+
+    def _sparse_applies(self, update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
+        """Whether a sliced span is read by sparse recovery (``sparse.py``): on a rotary
+        decoder's clean gradient (one position-free dictionary at layer 1, prefixes at
+        layer 2), when the setting allows."""
+        adapter = knowledge.global_model.adapter
+        clean = update.kind == "gradient" and not knowledge.defenses
+        return self.settings.sparse and adapter.is_decoder and adapter.rotary_positions and clean
+
+    def _sparse_tokens(
+        self, hf: torch.nn.Module, knowledge: ServerKnowledge, layer1: LayerCheck, state
+    ) -> list[int]:
+        """The batch's tokens as the sparse support of layer 1's slice."""
+        adapter = knowledge.global_model.adapter
+        inputs = adapter.first_layer_input(hf, adapter.token_embedding(hf).weight)
+        tokens, left = sparse_tokens(inputs, weighted_slice(layer1.checks[0].span), SHORTLIST)
+        state.notes.append(
+            f"layer 1's span may be a slice (rank {layer1.rank}, from fewer gradient rows "
+            f"than the hidden size): {len(tokens)} tokens by sparse recovery, {left:.1e} of "
+            "the slice left"
+        )
+        return tokens
+
+    def _sparse_sentences(
+        self,
+        hf: torch.nn.Module,
+        knowledge: ServerKnowledge,
+        layer2: LayerCheck,
+        tokens: list[int],
+        start: list[int],
+        state: SearchState,
+    ) -> list[tuple[list[int], float]]:
+        """The batch's sentences as the sparse support of layer 2's slice (prefixes)."""
+        adapter, chunk = knowledge.global_model.adapter, self.settings.chunk
+        device = next(hf.parameters()).device
+
+        def last_inputs(ids: torch.Tensor) -> torch.Tensor:
+            parts = []
+            for part in ids.to(device).split(chunk):
+                inputs = {"input_ids": part, "attention_mask": torch.ones_like(part)}
+                parts.append(adapter.layer_input(hf, layer2.layer, inputs)[:, -1])
+            return torch.cat(parts)
+
+        basis = weighted_slice(layer2.checks[0].span)
+        sentences, picks, left = sparse_sentences(
+            last_inputs, basis, tokens, start, self.settings.max_length
+        )
+        state.notes.append(
+            f"layer {layer2.layer + 1}'s span may be a slice (rank {layer2.rank}): "
+            f"{len(sentences)} sentences from {picks} prefixes picked, {left:.1e} of the slice "
+            "left"
+        )
+        return [(ids, left) for ids in sentences]
 
     def _peeling(
         self,

@@ -76,6 +76,9 @@ class SpanCheck:
     # The dtype the client's products read their inputs in where coarser than float32 (bf16,
     # float16): its gradient's rows are combinations of the inputs rounded to it.
     rounding: torch.dtype | None = None
+    # The gradient rows the span comes from: a span with as many directions as rows (and
+    # fewer than the hidden size) may be a slice of a larger span of inputs (``sparse.py``).
+    rows: int | None = None
 
     def rounded(self, inputs: torch.Tensor) -> torch.Tensor:
         """Candidate inputs as the client's products read them."""
@@ -136,6 +139,18 @@ class LayerCheck:
         """Whether a span was cut at a known noise floor (a weight delta's rounding): true
         inputs then lie only near it, and no clear gap separates them."""
         return any(c.span.noise_floor is not None for c in self.checks)
+
+    @property
+    def sliced(self) -> bool:
+        """Whether the layer's span may be a slice of its inputs' span: one clean check in the
+        input space (no noise floor) built from fewer gradient rows than the hidden size
+        (LoRA's A-gradients: r rows each for q and v), so that more inputs than rows leave
+        only a slice of theirs (``sparse.py``)."""
+        if len(self.checks) != 1 or self.noisy:
+            return False
+        one = self.checks[0]
+        clean = one.transform is None and one.whole_rows is None and not one.span.whitened
+        return clean and one.rows is not None and one.rows < one.span.hidden_size - 1
 
     @property
     def plain(self) -> list[SpanCheck]:
@@ -362,7 +377,8 @@ def _check(
     rounded = input_rounding(protocol)
     if not pruned:
         span = _span(update, blocks, rank_tol, protocol, defenses)
-        return SpanCheck(span, transform, rounding=rounded)
+        rows = sum(b.tensor.shape[0] for b in blocks)
+        return SpanCheck(span, transform, rounding=rounded, rows=rows)
     width = blocks[0].tensor.shape[-1]
     whole = _whole_rows(blocks)
     rows = sum(b.tensor.shape[0] for b in whole)

@@ -60,6 +60,12 @@ class DagerSettings(AttackSettings):
         description="decoders: the layer whose span checks each prefix's new position (2: "
         "the paper's; default: 3 for a bf16 or float16 client's gradient, else 2)",
     )
+    sparse: bool = Field(
+        True,
+        description="decoders with rotary positions, where a low-rank update (LoRA's "
+        "A-gradients) spans only a slice of a layer's inputs: recover the tokens and prefixes "
+        "as the slice's sparse support by matching pursuit (not in the paper)",
+    )
     chunk: int = Field(256, ge=1, description="sequences per forward pass")
     max_sequences: int = Field(
         200_000, ge=1, description="decoder search budget in candidate sequences"

@@ -307,6 +307,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "peel": True,
         "embedding_rows": True,
         "sentence_layer": None,
+        "sparse": True,
         "chunk": 256,
         "max_sequences": 200_000,
         "dropout_check": "auto",
