@@ -237,7 +237,8 @@ class DagerAttack(Attack[DagerSettings]):
         """The batch's tokens as the sparse support of layer 1's slice."""
         adapter = knowledge.global_model.adapter
         inputs = adapter.first_layer_input(hf, adapter.token_embedding(hf).weight)
-        tokens, left = sparse_tokens(inputs, weighted_slice(layer1.checks[0].span), SHORTLIST)
+        target = weighted_slice(layer1.checks[0].span)
+        tokens, left = sparse_tokens(inputs.to(target.device), target, SHORTLIST)
         state.notes.append(
             f"layer 1's span may be a slice (rank {layer1.rank}, from fewer gradient rows "
             f"than the hidden size): {len(tokens)} tokens by sparse recovery, {left:.1e} of "
@@ -257,17 +258,17 @@ class DagerAttack(Attack[DagerSettings]):
         """The batch's sentences as the sparse support of layer 2's slice (prefixes)."""
         adapter, chunk = knowledge.global_model.adapter, self.settings.chunk
         device = next(hf.parameters()).device
+        target = weighted_slice(layer2.checks[0].span)
 
         def last_inputs(ids: torch.Tensor) -> torch.Tensor:
             parts = []
             for part in ids.to(device).split(chunk):
                 inputs = {"input_ids": part, "attention_mask": torch.ones_like(part)}
                 parts.append(adapter.layer_input(hf, layer2.layer, inputs)[:, -1])
-            return torch.cat(parts)
+            return torch.cat(parts).to(target.device)
 
-        basis = weighted_slice(layer2.checks[0].span)
         sentences, picks, left = sparse_sentences(
-            last_inputs, basis, tokens, start, self.settings.max_length
+            last_inputs, target, tokens, start, self.settings.max_length
         )
         state.notes.append(
             f"layer {layer2.layer + 1}'s span may be a slice (rank {layer2.rank}): "

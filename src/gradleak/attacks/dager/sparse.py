@@ -205,7 +205,7 @@ class Vocabulary:
         """Add up to ``count`` tokens nearer than ``best`` to the slice's part ``left``."""
         inputs = self.inputs.to(torch.float32)
         if self._inside is None:
-            self._inside = torch.zeros(len(inputs))
+            self._inside = torch.zeros(len(inputs), device=inputs.device)
         if pursuit.basis is not None and pursuit.basis.shape[1] > self._columns:
             new = pursuit.basis[:, self._columns :].to(torch.float32)
             self._inside += (inputs @ new).square().sum(dim=-1)
