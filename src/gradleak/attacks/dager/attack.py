@@ -27,7 +27,7 @@ updates are checked in the adapter's space (``A x`` for the B matrix's gradient,
 A's).
 
 Under a public top-k pruning the spans come from the gradient rows the pruning kept whole;
-a public sign compression is refused (``check.py``).
+a public sign compression is refused (``refusals.py``).
 """
 
 from __future__ import annotations
@@ -38,22 +38,19 @@ from typing import ClassVar, Literal
 import torch
 
 from gradleak.attacks.base import Attack, Reconstruction, Refusal
-from gradleak.attacks.dager.check import (
-    DagerPlan,
-    LayerCheck,
-    defense_refusal,
-    full_rank_refusal,
-    layer_check,
-    pruning_refusal,
-    rank_cut,
-    require_scenario,
-)
+from gradleak.attacks.dager.check import DagerPlan, LayerCheck, layer_check, rank_cut
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.embedding import moved_tokens
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.positions import placed_tokens
+from gradleak.attacks.dager.refusals import (
+    defense_refusal,
+    full_rank_refusal,
+    pruning_refusal,
+    require_scenario,
+)
 from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.sparse import (

@@ -4,18 +4,13 @@ A layer's check is the span of its chosen q/k/v weight gradients (``span.py`` ho
 algebra). Plain projections are stacked into one span; a LoRA B-gradient gets its own, in its
 adapter's space (``A x``), and an A-gradient that moved is checked in the input space (``x``).
 
-Public compression defenses (``ServerKnowledge.defenses``):
-
-* sign compression: the signs of a rank-r gradient are not of rank r (``sign`` is not linear),
-  so no span is left to check: refused.
-* top-k pruning: every gradient row is a combination of the layer's inputs, and a row that no
-  coordinate of was pruned still is one; a partly zeroed row is not. The span is built from
-  the rows kept whole, and trusted only when they are linearly dependent at float precision
-  (more rows than their rank, the next singular value at rounding level): generic rows of an
-  r-dimensional span stop adding directions only once they span it all. Too few whole rows
-  (strong pruning, long rows) leave a smaller span that would miss inputs: refused. So is a
-  multi-step FedAvg delta whose extra directions (inputs that moved between local steps) lie
-  above its rounding noise: approximate without pruning, unverifiable with it.
+Under a public top-k pruning (``ServerKnowledge.defenses``) every gradient row is a
+combination of the layer's inputs, and a row that no coordinate of was pruned still is one; a
+partly zeroed row is not. The span is built from the rows kept whole, and trusted only when
+they are linearly dependent at float precision (more rows than their rank, the next singular
+value at rounding level): generic rows of an r-dimensional span stop adding directions only
+once they span it all. Too few whole rows (strong pruning, long rows) leave a smaller span
+that would miss inputs (``refusals.py`` says so).
 """
 
 from __future__ import annotations
@@ -27,14 +22,13 @@ from typing import Any
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from gradleak.attacks.adaptive import KEPT_COORDINATES, SIGN, adaptation_for, defense_names
-from gradleak.attacks.base import Plan, Refusal
+from gradleak.attacks.adaptive import KEPT_COORDINATES, adaptation_for
+from gradleak.attacks.base import Plan
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.span import NOISE_MARGIN, SpanBasis, rounding_noise, span_basis
 from gradleak.defenses import noise_std
 from gradleak.errors import GradleakError
 from gradleak.federated.arithmetic import input_rounding, product_rounding, storage_dtype
-from gradleak.federated.client import GlobalModel
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.protocol import Protocol
 from gradleak.federated.server import ServerKnowledge
@@ -48,10 +42,6 @@ SCREEN = 2e-2
 # rounding, not a weak direction: below this share of the largest for a gradient (float32
 # noise is ~1e-7); for a weight delta, within what its whitened rounding noise reaches.
 SATURATED = 1e-4
-SIGN_REFUSAL = (
-    "dager cannot run on this update: sign compression destroys the low-rank structure "
-    "DAGER's span check needs (the signs of a low-rank gradient have full rank)"
-)
 
 
 @dataclass
@@ -173,26 +163,6 @@ class DagerPlan(Plan):
     layer2: LayerCheck
 
 
-def require_scenario(gm: GlobalModel) -> None:
-    """Raise when DAGER can never be exact for this model, whatever the batch."""
-    if gm.adapter is None:
-        raise GradleakError("dager needs a model family with an adapter")
-    if (
-        gm.task == "classification"
-        and not gm.adapter.rotary_positions
-        and gm.adapter.num_layers(unwrap(gm.model)) <= 2
-    ):
-        # A classification loss reads one position of the last layer, so there every key
-        # gradient is parallel to that one query and every value gradient to one output
-        # per head: the second layer's span misses tokens when it is the last layer.
-        # (Rotary positions rotate each key differently and keep the rank.)
-        raise GradleakError(
-            f"dager's second-layer check needs a layer after it, and this "
-            f"{gm.adapter.family} model has only 2 layers with a one-position "
-            "classification loss: attack a model with 3 or more layers or use --task causal_lm"
-        )
-
-
 def layer_check(
     update: UpdatePayload, knowledge: ServerKnowledge, layer: int, settings: DagerSettings
 ) -> LayerCheck:
@@ -213,39 +183,6 @@ def layer_check(
     return LayerCheck(checks, layer)
 
 
-HIDDEN_PRUNING_REFUSAL = (
-    "dager cannot be exact here: noise after pruning hides which coordinates pruning zeroed, "
-    "and rows that pruning cut partly leave the inputs' span: attack a pruned update without "
-    "noise after it"
-)
-
-
-def defense_refusal(defenses: tuple[Any, ...]) -> Refusal | None:
-    """A refusal when the public defenses leave no span to check: sign compression, or
-    pruning whose zeros later noise covers up."""
-    adaptation = adaptation_for(defenses)
-    if adaptation == SIGN:
-        return Refusal(SIGN_REFUSAL)
-    pruned = "prune" in defense_names(defenses)
-    if pruned and adaptation != KEPT_COORDINATES:
-        return Refusal(HIDDEN_PRUNING_REFUSAL)
-    return None
-
-
-def pruning_refusal(check: LayerCheck, layer: int) -> Refusal | None:
-    """A refusal when the rows pruning kept whole do not span the layer's inputs."""
-    if all(c.saturated for c in check.checks):
-        return None
-    rows = sum(c.whole_rows or 0 for c in check.checks if not c.saturated)
-    rank = max(c.span.rank for c in check.checks if not c.saturated)
-    return Refusal(
-        f"dager cannot be exact here: the {rows} rows of layer {layer + 1}'s q/k/v update that "
-        f"pruning kept whole do not show that their span (rank {rank}) holds every input (that "
-        "needs more whole rows than the rank, dependent up to rounding; partly pruned rows "
-        "leave the span): use a larger keep or a smaller --batch-size"
-    )
-
-
 def rank_cut(plan: DagerPlan, rank_tol: float | None) -> str:
     """Which rule set the plan's ranks, for the record: the user's --rank-tol, a known noise
     floor (a weight delta's rounding in its dtype, a public noise defense), or the spectrum's
@@ -258,57 +195,6 @@ def rank_cut(plan: DagerPlan, rank_tol: float | None) -> str:
     if any(span.whitened for span in spans):
         return "largest drop, clear of the noise floor"
     return "largest drop"
-
-
-def full_rank_refusal(
-    check: LayerCheck,
-    layer: int,
-    defenses: tuple[Any, ...] = (),
-    update: UpdatePayload | None = None,
-    rank_tol: float | None = None,
-) -> Refusal | None:
-    """A refusal when one of the layer's spans is full, naming what can fill it: the client's
-    public ``defenses``, an Adam client's steps, the rounding of a float32 weight delta cut by
-    a fixed ``rank_tol`` (the default cut sits above that rounding), or the batch itself."""
-    for one in check.checks:
-        if not one.span.full:
-            continue
-        limit = "LoRA rank" if one.transform is not None else "hidden size"
-        cause = f"the batch holds at least as many distinct tokens as the {limit}"
-        fix = "use a smaller --batch-size or shorter inputs"
-        if update is not None and rank_tol is not None and _float32_delta(update):
-            cause = (
-                "a float32 client's weight delta is partly the rounding of its stored weights, "
-                f"which fills every direction above --rank-tol {rank_tol:g}, or {cause}"
-            )
-            fix = "leave --rank-tol at its default (the rounding floor), or " + fix
-        if update is not None and _adam_delta(update):
-            cause = (
-                "an Adam client divides each entry of its steps by that entry's own running "
-                "scale (its first step is about lr times the gradient's sign), so its delta is "
-                f"no sum of input outer products and fills every direction, or {cause}"
-            )
-            fix = "attack a client that steps with SGD (--optimizer sgd) or sends gradients"
-        if defenses:
-            names = "+".join(d.name for d in defenses)
-            cause = f"the client's defense ({names}) fills every direction, or {cause}"
-        return Refusal(
-            f"dager cannot be exact here: layer {layer + 1}'s update has full rank "
-            f"{one.span.rank} ({cause}): {fix}"
-        )
-    return None
-
-
-def _adam_delta(update: UpdatePayload) -> bool:
-    """Whether ``update`` is the weight delta of a client that stepped with Adam."""
-    return update.kind == "weight_delta" and update.metadata.get("optimizer") == "adam"
-
-
-def _float32_delta(update: UpdatePayload) -> bool:
-    """Whether ``update`` is a FedAvg weight delta computed in float32 (or coarser)."""
-    if update.kind != "weight_delta" or not update.tensors:
-        return False
-    return next(iter(update.tensors.values())).dtype != torch.float64
 
 
 def _projection_gradients(
