@@ -162,7 +162,7 @@ class DagerAttack(Attack[DagerSettings]):
             placed = placed_tokens(update, knowledge, within) if within is not None else None
             if placed is not None:
                 state.least_alive = placed.least_alive()
-            sparse = self._sparse_applies(update, knowledge) and end is None
+            sparse = self._sparse_applies(update, knowledge)
             if sparse and layer1.sliced:
                 candidates = [self._sparse_tokens(hf, knowledge, layer1, state)]
             else:
@@ -223,13 +223,18 @@ class DagerAttack(Attack[DagerSettings]):
     def _sparse_applies(self, update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
         """Whether a sliced span is read by sparse recovery (``sparse.py``): on a rotary
         decoder's clean gradient (one position-free dictionary at layer 1, prefixes at
-        layer 2), when the setting allows."""
+        layer 2; a gradient is one local step, so its inputs do not drift), when the setting
+        allows."""
         adapter = knowledge.global_model.adapter
         clean = update.kind == "gradient" and not knowledge.defenses
         return self.settings.sparse and adapter.is_decoder and adapter.rotary_positions and clean
 
     def _sparse_tokens(
-        self, hf: torch.nn.Module, knowledge: ServerKnowledge, layer1: LayerCheck, state
+        self,
+        hf: torch.nn.Module,
+        knowledge: ServerKnowledge,
+        layer1: LayerCheck,
+        state: SearchState,
     ) -> list[int]:
         """The batch's tokens as the sparse support of layer 1's slice."""
         adapter = knowledge.global_model.adapter

@@ -60,21 +60,23 @@ class Pursuit:
     _whole: torch.Tensor | None = None  # its rows' squared norms
     _inside: torch.Tensor | None = None  # their squared norms inside the picked span
 
+    def remainder(self) -> tuple[torch.Tensor, float]:
+        """What the picked span leaves of the slice: an orthonormal basis ``[d, m']`` of it
+        (directions under ``ROUNDING`` dropped), and its share (Frobenius) of the slice."""
+        rest = self.target
+        if self.basis is not None:
+            rest = rest - self.basis @ (self.basis.T @ rest)
+        u, s, _ = torch.linalg.svd(rest, full_matrices=False)
+        share = float(torch.linalg.vector_norm(s) / torch.linalg.matrix_norm(self.target))
+        return u[:, s > ROUNDING], share
+
     def left(self) -> torch.Tensor:
-        """What the picked span leaves of the slice, as an orthonormal basis ``[d, m']``
-        (directions under ``ROUNDING`` dropped)."""
-        u, s, _ = torch.linalg.svd(self._rest(), full_matrices=False)
-        return u[:, s > ROUNDING]
+        """``remainder``'s basis."""
+        return self.remainder()[0]
 
     def share_left(self) -> float:
-        """The share (Frobenius) of the slice outside the picked span."""
-        rest = self._rest()
-        return float(torch.linalg.matrix_norm(rest) / torch.linalg.matrix_norm(self.target))
-
-    def _rest(self) -> torch.Tensor:
-        if self.basis is None:
-            return self.target
-        return self.target - self.basis @ (self.basis.T @ self.target)
+        """``remainder``'s share."""
+        return self.remainder()[1]
 
     def cosines(self, vectors: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """Each vector's cosine with the slice's part ``left`` once the picked directions are
@@ -89,11 +91,7 @@ class Pursuit:
         self._whole = whole if self._whole is None else torch.cat([self._whole, whole])
         self._inside = inside if self._inside is None else torch.cat([self._inside, inside])
         self._seen = v
-        norms = self._whole - self._inside
-        along = (v @ left).square().sum(dim=-1)
-        cosines = (along / norms.clamp_min(1e-300)).clamp(0, 1).sqrt()
-        # A vector already in the picked span (a repeat) has nothing new to offer.
-        return cosines.masked_fill(norms <= 1e-12 * self._whole, 0.0)
+        return _cosines(v @ left, self._whole, self._whole - self._inside, floor=1e-12)
 
     def _inside_of(self, vectors: torch.Tensor) -> torch.Tensor:
         return (vectors @ self.basis).square().sum(dim=-1)
@@ -127,6 +125,16 @@ class Pursuit:
         return torch.nonzero(weight > NEEDED * weight.max()).flatten().tolist()
 
 
+def _cosines(
+    along: torch.Tensor, whole: torch.Tensor, outside: torch.Tensor, floor: float
+) -> torch.Tensor:
+    """Cosines from each vector's coordinates ``along`` what is left of the slice, its squared
+    norm ``whole`` and its squared norm ``outside`` the picked span; 0 for a vector all but
+    ``floor`` of whose norm lies inside that span (a repeat: nothing new to offer)."""
+    cosines = (along.square().sum(dim=-1) / outside.clamp_min(1e-300)).clamp(0, 1).sqrt()
+    return cosines.masked_fill(outside <= floor * whole, 0.0)
+
+
 def weighted_slice(span: SpanBasis) -> torch.Tensor:
     """The span's directions weighted by their singular values (the largest 1): the weak
     directions of a float32 gradient carry its rounding at a larger share, and weighted they
@@ -156,11 +164,11 @@ def sparse_support(
     pursuit = Pursuit(target)
     chosen: set[int] = set()
     order: list[int] = []
-    while len(order) < max_picks and pursuit.share_left() > DONE:
+    while len(order) < max_picks:
+        left, share = pursuit.remainder()
         vectors = dictionary()
-        if not len(vectors):
+        if share <= DONE or not len(vectors):
             break
-        left = pursuit.left()
         cosines = pursuit.cosines(vectors, left)
         if chosen:
             cosines[torch.tensor(sorted(chosen), device=cosines.device)] = -1.0
@@ -192,29 +200,33 @@ class Vocabulary:
 
     inputs: torch.Tensor  # [V, d], every token's layer-1 input
     members: list[int]  # the tokens in the dictionary, in its order
-    _rows: torch.Tensor | None = None
-    _inside: torch.Tensor | None = None  # each token's squared norm inside the picked span
+    _rows: torch.Tensor | None = None  # the members' inputs in float64
+    _screen: torch.Tensor | None = None  # every token's input in float32
+    _whole: torch.Tensor | None = None  # their squared norms
+    _inside: torch.Tensor | None = None  # their squared norms inside the picked span
     _columns: int = 0  # picked directions counted in ``_inside``
 
     def __call__(self) -> torch.Tensor:
-        if self._rows is None or len(self._rows) < len(self.members):
-            self._rows = self.inputs[torch.tensor(self.members)].to(torch.float64)
+        known = 0 if self._rows is None else len(self._rows)
+        if known < len(self.members):
+            new = self.inputs[torch.tensor(self.members[known:])].to(torch.float64)
+            self._rows = new if self._rows is None else torch.cat([self._rows, new])
         return self._rows
 
     def grow(self, pursuit: Pursuit, left: torch.Tensor, best: float, count: int = 64) -> bool:
         """Add up to ``count`` tokens nearer than ``best`` to the slice's part ``left``."""
-        inputs = self.inputs.to(torch.float32)
-        if self._inside is None:
-            self._inside = torch.zeros(len(inputs), device=inputs.device)
+        if self._screen is None:
+            self._screen = self.inputs.to(torch.float32)
+            self._whole = self._screen.square().sum(dim=-1)
+            self._inside = torch.zeros_like(self._whole)
         if pursuit.basis is not None and pursuit.basis.shape[1] > self._columns:
             new = pursuit.basis[:, self._columns :].to(torch.float32)
-            self._inside += (inputs @ new).square().sum(dim=-1)
+            self._inside += (self._screen @ new).square().sum(dim=-1)
             self._columns = pursuit.basis.shape[1]
-        whole = inputs.square().sum(dim=-1)
-        norms = (whole - self._inside).clamp_min(1e-30)
-        cosines = ((inputs @ left.to(torch.float32)).square().sum(dim=-1) / norms).sqrt()
+        along = self._screen @ left.to(torch.float32)
+        # float32 cannot tell a token inside the picked span from one near it: 1e-6, not 0
+        cosines = _cosines(along, self._whole, self._whole - self._inside, floor=1e-6)
         cosines[torch.tensor(self.members)] = -1.0
-        cosines[norms <= 1e-6 * whole] = -1.0  # inside the picked span: float32 cannot tell
         top = torch.topk(cosines, min(count, len(cosines)))
         added = top.indices[top.values > best].tolist()
         self.members += added
