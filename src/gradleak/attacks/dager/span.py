@@ -128,10 +128,21 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
         weights = (residual.abs() + eps) ** -1.5  # |r|^(q-2), q = 1/2
         gram = torch.einsum("dr,nd,ds->nrs", basis, weights, basis)
         rhs = torch.einsum("dr,nd->nr", basis, weights * x)
-        coeffs = torch.linalg.solve(gram, rhs)
+        coeffs = _weighted_solve(gram, rhs, coeffs)
         eps = max(eps * EPS_DECAY, EPS_FLOOR)
     residual = (x - coeffs @ basis.T).abs()
     return (residual < tol).to(torch.float64).mean(dim=-1)
+
+
+def _weighted_solve(gram: torch.Tensor, rhs: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """Solve each row's normal equations ``gram c = rhs`` by Cholesky (``gram = B^T W B`` is
+    symmetric positive definite); a row whose factorization fails (weights spanning more than
+    float64 can hold) keeps its ``previous`` coefficients. A general LU solve of the batch
+    broke inside the BLAS on two threads for a real batch's ill-conditioned rows."""
+    factor, info = torch.linalg.cholesky_ex(gram)
+    solved = torch.cholesky_solve(rhs.unsqueeze(-1), factor).squeeze(-1)
+    ok = (info == 0) & torch.isfinite(solved).all(dim=-1)
+    return torch.where(ok.unsqueeze(-1), solved, previous)
 
 
 def estimate_rank(

@@ -8,6 +8,7 @@ import torch
 import gradleak
 from gradleak.attacks.dager import DagerSettings, span_basis
 from gradleak.attacks.dager.check import LayerCheck, SpanCheck
+from gradleak.attacks.dager.span import _weighted_solve
 from gradleak.attacks.dager.tokens import _passing
 from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
@@ -28,6 +29,19 @@ def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
     true_share = basis.inlier_fraction(inputs)
     assert torch.allclose(true_share, keep.double().mean(dim=1))
     assert basis.inlier_fraction(torch.randn(200, 64)).max() <= 6 / 64 + 1e-9
+
+
+def test_a_row_whose_weighted_fit_cannot_be_factorized_keeps_its_coefficients():
+    generator = torch.Generator().manual_seed(0)
+    factors = torch.randn(3, 5, 5, generator=generator, dtype=torch.float64)
+    gram = factors @ factors.mT + torch.eye(5, dtype=torch.float64)
+    gram[1] = torch.zeros(5, 5)  # singular: no factorization
+    wanted = torch.randn(3, 5, generator=generator, dtype=torch.float64)
+    rhs = (gram @ wanted.unsqueeze(-1)).squeeze(-1)
+    previous = torch.full((3, 5), 7.0, dtype=torch.float64)
+    solved = _weighted_solve(gram, rhs, previous)
+    assert torch.allclose(solved[[0, 2]], wanted[[0, 2]])
+    assert torch.equal(solved[1], previous[1])
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2"])
