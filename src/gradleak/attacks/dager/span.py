@@ -118,31 +118,57 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
     Iteratively reweighted least squares for ``min_c sum_i |x_i - (B c)_i|^(1/2)``, with a
     smoothing that shrinks. The least-absolute-deviations fit (q = 1) it replaces lets a
     mixture of span vectors win when an input has a near twin in the batch, such as two
-    masked copies of one token (the case that decided it: docs/design/dager-encoder.md)."""
+    masked copies of one token (the case that decided it: docs/design/dager-encoder.md).
+
+    Each step's weighted least squares is solved in the smaller of two equal forms: for the
+    coefficients ``c`` (``r x r`` normal equations, ``r`` the span's rank), or, where the span
+    fills more than half the space, for the residual ``e = x - B c`` itself, the vector of
+    least weighted norm with ``N^T e = N^T x`` (``N`` the span's orthogonal complement,
+    ``d - r`` columns): ``e = W^-1 N (N^T W^-1 N)^-1 N^T x``."""
     scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-30)
     x = x / scale
-    coeffs = x @ basis
+    residual = x - (x @ basis) @ basis.T
+    rank, width = basis.shape[1], basis.shape[0]
+    complement = _complement(basis) if 2 * rank > width else None
     eps = EPS_START
     for _ in range(iterations):
-        residual = x - coeffs @ basis.T
-        weights = (residual.abs() + eps) ** -1.5  # |r|^(q-2), q = 1/2
-        gram = torch.einsum("dr,nd,ds->nrs", basis, weights, basis)
-        rhs = torch.einsum("dr,nd->nr", basis, weights * x)
-        coeffs = _weighted_solve(gram, rhs, coeffs)
+        spread = residual.abs() + eps  # the weights are spread ** -1.5: |r|^(q-2), q = 1/2
+        if complement is None:
+            weights = spread**-1.5
+            gram = torch.einsum("dr,nd,ds->nrs", basis, weights, basis)
+            rhs = torch.einsum("dr,nd->nr", basis, weights * x)
+            coeffs = _weighted_solve(gram, rhs)
+            fitted = None if coeffs is None else x - coeffs @ basis.T
+        else:
+            inverse = spread**1.5
+            gram = torch.einsum("dk,nd,dl->nkl", complement, inverse, complement)
+            multipliers = _weighted_solve(gram, x @ complement)
+            fitted = None if multipliers is None else inverse * (multipliers @ complement.T)
+        if fitted is not None:
+            ok = torch.isfinite(fitted).all(dim=-1, keepdim=True)
+            residual = torch.where(ok, fitted, residual)
         eps = max(eps * EPS_DECAY, EPS_FLOOR)
-    residual = (x - coeffs @ basis.T).abs()
-    return (residual < tol).to(torch.float64).mean(dim=-1)
+    return (residual.abs() < tol).to(torch.float64).mean(dim=-1)
 
 
-def _weighted_solve(gram: torch.Tensor, rhs: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-    """Solve each row's normal equations ``gram c = rhs`` by Cholesky (``gram = B^T W B`` is
-    symmetric positive definite); a row whose factorization fails (weights spanning more than
-    float64 can hold) keeps its ``previous`` coefficients. A general LU solve of the batch
-    broke inside the BLAS on two threads for a real batch's ill-conditioned rows."""
+def _complement(basis: torch.Tensor) -> torch.Tensor:
+    """An orthonormal basis ``[d, d - r]`` of the directions orthogonal to ``basis``."""
+    full = torch.linalg.qr(basis, mode="complete").Q
+    return full[:, basis.shape[1] :]
+
+
+def _weighted_solve(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor | None:
+    """Solve each row's normal equations ``gram y = rhs`` by Cholesky (``gram`` is a
+    weighted Gram matrix: symmetric positive definite). A row whose factorization fails
+    (weights spanning more than float64 can hold) comes back not finite, for its caller to
+    keep its last fit; None when no row could be solved. A general LU solve of the batch broke
+    inside the BLAS on two threads for a real batch's ill-conditioned rows."""
     factor, info = torch.linalg.cholesky_ex(gram)
     solved = torch.cholesky_solve(rhs.unsqueeze(-1), factor).squeeze(-1)
-    ok = (info == 0) & torch.isfinite(solved).all(dim=-1)
-    return torch.where(ok.unsqueeze(-1), solved, previous)
+    failed = info != 0
+    if bool(failed.all()):
+        return None
+    return solved.masked_fill(failed.unsqueeze(-1), float("nan"))
 
 
 def estimate_rank(

@@ -31,17 +31,32 @@ def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
     assert basis.inlier_fraction(torch.randn(200, 64)).max() <= 6 / 64 + 1e-9
 
 
-def test_a_row_whose_weighted_fit_cannot_be_factorized_keeps_its_coefficients():
+def test_a_row_whose_weighted_fit_cannot_be_factorized_is_marked_for_its_last_fit():
     generator = torch.Generator().manual_seed(0)
     factors = torch.randn(3, 5, 5, generator=generator, dtype=torch.float64)
     gram = factors @ factors.mT + torch.eye(5, dtype=torch.float64)
     gram[1] = torch.zeros(5, 5)  # singular: no factorization
     wanted = torch.randn(3, 5, generator=generator, dtype=torch.float64)
     rhs = (gram @ wanted.unsqueeze(-1)).squeeze(-1)
-    previous = torch.full((3, 5), 7.0, dtype=torch.float64)
-    solved = _weighted_solve(gram, rhs, previous)
+    solved = _weighted_solve(gram, rhs)
     assert torch.allclose(solved[[0, 2]], wanted[[0, 2]])
-    assert torch.equal(solved[1], previous[1])
+    assert torch.isnan(solved[1]).all()
+    assert _weighted_solve(torch.zeros(2, 5, 5, dtype=torch.float64), rhs[:2]) is None
+
+
+@pytest.mark.parametrize("rank", [6, 40])  # the coefficients' form, the residual's form
+def test_the_robust_fit_counts_the_coordinates_a_masked_input_keeps(rank):
+    """Below half the width the fit solves for the span's coefficients, above it for the
+    residual in the span's complement: either counts a masked input's kept coordinates."""
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(rank, 64, generator=generator, dtype=torch.float64)
+    keep = torch.rand(rank, 64, generator=generator) > 0.05
+    gradient = torch.randn(96, rank, generator=generator, dtype=torch.float64) @ (inputs * keep)
+    basis = span_basis([gradient], hidden_size=64)
+    assert basis.rank == rank
+    assert torch.allclose(basis.inlier_fraction(inputs), keep.double().mean(dim=1))
+    others = basis.inlier_fraction(torch.randn(50, 64, generator=generator))
+    assert others.max() <= rank / 64 + 1e-9
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-gpt2"])
