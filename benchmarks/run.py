@@ -28,6 +28,9 @@ Suites:
   dager_rounding what float32, float64, pure bf16 and bf16-autocast FedAvg clients leave of the
                  batch in layer 1's q delta (zero entries, singular values, DAGER's rank),
                  SmolLM2 CoLA B=16, E=2.
+  fedavg_direction how far a FedAvg delta of E = 1, 2, 4 local epochs turns from the FedSGD
+                 gradient at one example a client (Wang & Li Table IV), MiniLM CoLA, SGD at
+                 lr 5e-5, 1e-3, 1e-2 (--batches examples).
   record_audit   canary records against DP-SGD's accountant: MiniLM SST-2, 1,000 records a
                  run, undefended and at accountant epsilon about 8 and 1 (--batches seeds):
                  the one-run bounds beside the accountant's epsilon.
@@ -62,6 +65,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
+import fedavg_direction  # noqa: E402
 import flower_audit  # noqa: E402
 import lti_speed  # noqa: E402
 import planned_runs  # noqa: E402
@@ -77,6 +81,7 @@ SUITES = {
     **dp_step.SUITES,
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
+    **fedavg_direction.SUITES,
     **stack_step.SUITES,
     **flower_audit.SUITES,
     **planned_runs.SUITES,
