@@ -130,6 +130,7 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
     residual = x - (x @ basis) @ basis.T
     rank, width = basis.shape[1], basis.shape[0]
     complement = _complement(basis) if 2 * rank > width else None
+    projected = None if complement is None else x @ complement  # N^T x: fixed
     eps = EPS_START
     for _ in range(iterations):
         spread = residual.abs() + eps  # the weights are spread ** -1.5: |r|^(q-2), q = 1/2
@@ -142,7 +143,7 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
         else:
             inverse = spread**1.5
             gram = torch.einsum("dk,nd,dl->nkl", complement, inverse, complement)
-            multipliers = _weighted_solve(gram, x @ complement)
+            multipliers = _weighted_solve(gram, projected)
             fitted = None if multipliers is None else inverse * (multipliers @ complement.T)
         if fitted is not None:
             ok = torch.isfinite(fitted).all(dim=-1, keepdim=True)
