@@ -30,6 +30,18 @@ A claim's verdict: **reproduced** when every comparison was measured on every ce
 and holds, and nothing is listed ``missing``; **refuted** when none that was measured holds;
 **in part** otherwise; **not measured** when no comparison could be made.
 
+A claim whose verdict differs from the paper may say why in ``explanation:``: the reason in
+words, the claim ids or documents (relative paths) that show it (``see``), and ``checks`` the
+reason predicts of the same kept cells. Those are computed and shown like the claim's own, and
+never change its verdict::
+
+        explanation:
+          text: With one example a client the delta points where the gradient does.
+          see: [../MEASURED.md]
+          checks:
+            - {metric: paper.rouge1, left: {epochs: 2}, relation: within, value: 10,
+               right: {protocol: fedsgd}}
+
 A claim's ``gpu:`` file declares the paper's own size (its models, inputs and budgets) for
 when a GPU is at hand; the results document lists it with its cost (:class:`GpuPlan`).
 """
@@ -37,7 +49,7 @@ when a GPU is at hand; the results document lists it with its cost (:class:`GpuP
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,6 +90,21 @@ class Check(BaseModel):
         return section, name
 
 
+class Explanation(BaseModel):
+    """Why the measured result differs from the paper, and what that reason predicts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(description="the reason, in words (its evidence is in see and checks)")
+    see: list[str] = Field(
+        default_factory=list,
+        description="claim ids of the same file, or documents relative to it, that show it",
+    )
+    checks: list[Check] = Field(
+        default_factory=list, description="comparisons the reason predicts; not the verdict's"
+    )
+
+
 class Claim(BaseModel):
     """A paper's sentence and the comparisons that decide it."""
 
@@ -93,6 +120,9 @@ class Claim(BaseModel):
     )
     gpu: str | None = Field(
         None, description="the experiment file at the paper's size for one GPU, relative here"
+    )
+    explanation: Explanation | None = Field(
+        None, description="why the result differs from the paper, where it does"
     )
 
 
@@ -189,6 +219,8 @@ class ClaimResult:
     cells: list[KeptCell]
     verdict: Verdict
     gpu: GpuPlan | None = None
+    explained: list[Outcome] = field(default_factory=list)  # the explanation's checks
+    see: list[str | Path] = field(default_factory=list)  # claim ids; documents, resolved
 
 
 def read_claims(path: str | Path) -> ClaimFile:
@@ -206,14 +238,38 @@ def read_claims(path: str | Path) -> ClaimFile:
     path = Path(path)
     data, lines = read_yaml(path, "claim file")
     claims = validated(ClaimFile, data, path, lines)
+    ids = {claim.id for claim in claims.claims}
     for i, claim in enumerate(claims.claims):
-        for j, check in enumerate(claim.checks):
-            problem = _check_problem(check)
-            if problem:
-                raise located(path, lines, ("claims", i, "checks", j), problem)
-        if claim.checks and claim.experiment is None:
-            raise located(path, lines, ("claims", i), "checks need an experiment: name its file")
+        where = ("claims", i)
+        explanation = claim.explanation
+        for key, checks in (("checks", claim.checks), ("explanation", _explained(claim))):
+            for j, check in enumerate(checks):
+                problem = _check_problem(check)
+                if problem:
+                    at = (*where, key, j) if key == "checks" else (*where, key, "checks", j)
+                    raise located(path, lines, at, problem)
+        if (claim.checks or _explained(claim)) and claim.experiment is None:
+            raise located(path, lines, where, "checks need an experiment: name its file")
+        for j, reference in enumerate(explanation.see if explanation is not None else []):
+            if reference not in ids and not (path.parent / reference).exists():
+                raise located(
+                    path,
+                    lines,
+                    (*where, "explanation", "see", j),
+                    f"{reference!r} is neither a claim of this file nor a file beside it",
+                )
     return claims
+
+
+def _explained(claim: Claim) -> list[Check]:
+    return claim.explanation.checks if claim.explanation is not None else []
+
+
+def _references(claim: Claim, claims: ClaimFile, folder: Path) -> list[str | Path]:
+    """The explanation's ``see``: claim ids as given, documents resolved from ``folder``."""
+    ids = {other.id for other in claims.claims}
+    see = claim.explanation.see if claim.explanation is not None else []
+    return [item if item in ids else (folder / item).resolve() for item in see]
 
 
 def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
@@ -277,7 +333,8 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
                 experiments[file] = kept_cells(read_experiment(file))
             cells = experiments[file]
         outcomes = [o for check in claim.checks for o in _outcomes(check, cells)]
-        used = {id(c) for o in outcomes for c in (*o.left_cells, *o.right_cells)}
+        explained = [o for check in _explained(claim) for o in _outcomes(check, cells)]
+        used = {id(c) for o in outcomes + explained for c in (*o.left_cells, *o.right_cells)}
         shown = [c for c in cells if id(c) in used]
         verdict = _verdict(claim, outcomes)
         gpu = None
@@ -287,7 +344,18 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
                 gpu_plans[gpu_file] = gpu_plan(gpu_file)
             gpu = gpu_plans[gpu_file]
         results.append(
-            ClaimResult(claims.paper, claims.seed, claim, file, outcomes, shown, verdict, gpu)
+            ClaimResult(
+                claims.paper,
+                claims.seed,
+                claim,
+                file,
+                outcomes,
+                shown,
+                verdict,
+                gpu,
+                explained,
+                _references(claim, claims, path.parent),
+            )
         )
     return results
 

@@ -8,7 +8,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gradleak.experiments.claims import Check, ClaimResult, GpuPlan, KeptCell, Outcome
+from gradleak.experiments.claims import (
+    Check,
+    ClaimResult,
+    Explanation,
+    GpuPlan,
+    KeptCell,
+    Outcome,
+)
 from gradleak.experiments.estimate import duration
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
@@ -70,6 +77,8 @@ def _claim_section(result: ClaimResult, version_of: Versions, root: Path) -> lis
         lines += ["", f"Experiment: `{_relative(result.experiment, root)}`."]
     for check in claim.checks:
         lines += ["", *_check_table(check, [o for o in result.outcomes if o.check is check])]
+    if claim.explanation is not None:
+        lines += _explanation(claim.explanation, result, root)
     if claim.missing:
         lines += ["", "Declared by no experiment yet:", ""]
         lines += [f"- {item}" for item in claim.missing]
@@ -77,6 +86,23 @@ def _claim_section(result: ClaimResult, version_of: Versions, root: Path) -> lis
         lines += ["", f"At the paper's size, on a GPU: {_gpu_cost(result.gpu, root)}."]
     if result.cells:
         lines += ["", *_cells_table(result.cells, version_of)]
+    return lines
+
+
+def _explanation(explanation: Explanation, result: ClaimResult, root: Path) -> list[str]:
+    """Why the result differs from the paper, the comparisons that reason predicts (computed
+    from the same cells, outside the verdict) and where it is shown."""
+    lines = ["", f"Why the result differs from the paper: {explanation.text}"]
+    if explanation.checks:
+        lines += ["", "What that predicts, on the same kept cells (not part of the verdict):"]
+    for check in explanation.checks:
+        lines += ["", *_check_table(check, [o for o in result.explained if o.check is check])]
+    if result.see:
+        shown = [
+            f"`{item}`" if isinstance(item, str) else f"`{_relative(item, root)}`"
+            for item in result.see
+        ]
+        lines += ["", f"Shown in: {', '.join(shown)}."]
     return lines
 
 
@@ -123,7 +149,11 @@ def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
         text = f"{left} {SYMBOLS[check.relation]} {_number(check.value)}"
     else:
         factor = f"{_number(check.value)} x " if check.relation == "times" else ""
-        margin = f", by at most {_number(check.value)}" if check.relation == "within" else ""
+        margin = ""
+        if check.relation == "within":
+            margin = f", by at most {_number(check.value)}"
+        elif check.relation == "greater" and check.value:
+            margin = f", by more than {_number(check.value)}"
         text = f"{left} {SYMBOLS[check.relation]} {factor}{_side(check.right)}{margin}"
     per = f", for each {', '.join(check.per)}" if check.per else ""
     lines = [f"`{check.metric}`: {text}{per}", ""]

@@ -235,3 +235,61 @@ def evaluate_gpu_cell(folder, attack: str):
     path = folder / f"gpu-{attack}.yaml"
     path.write_text(f"fixed: {{model: tiny-bert, dataset: demo, n_inputs: 10, attack: {attack}}}\n")
     return gpu_plan(path)
+
+
+EXPLAINED = """\
+paper: A 2024
+seed: 'A 2024, "a paper"'
+claims:
+  - id: one
+    table: Table 1
+    claim: LAMP_cos recovers more than TAG.
+    experiment: exp.yaml
+    checks:
+      - {metric: strict.rouge1, left: {cell: lamp-cos-B1}, relation: greater, right: {cell: tag-B1}}
+    explanation:
+      text: The sentences are short.
+      see: [two, notes.md]
+      checks:
+        - {metric: strict.rouge1, left: {cell: tag-B2}, relation: greater, value: 10,
+           right: {cell: lamp-cos-B1}}
+  - id: two
+    table: Table 2
+    claim: something else
+"""
+
+
+def test_an_explanation_is_shown_with_its_checks_and_leaves_the_verdict_alone(toy):
+    """A refuted claim's explanation: its checks computed from the same kept cells (and their
+    cells listed), shown under the claim, the verdict still the claim's own checks'."""
+    (toy / "notes.md").write_text("why\n")
+    path = toy / "claims.yaml"
+    path.write_text(EXPLAINED)
+    one, _ = evaluate(path)
+    assert one.verdict == "refuted"
+    [outcome] = one.explained
+    assert (outcome.left, outcome.holds) == (100.0, True)
+    assert outcome.right == pytest.approx(halves_rouge1())
+    assert "tag-B2" in [c.cell.name for c in one.cells]  # read only by the explanation
+    assert one.see == ["two", (toy / "notes.md").resolve()]
+    text = render_results([one], lambda path: "v1", toy, "make it")
+    assert "Why the result differs from the paper: The sentences are short." in text
+    assert "cell=tag-B2 > cell=lamp-cos-B1, by more than 10" in text
+    assert "Shown in: `two`, `notes.md`." in text
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (("see: [two, notes.md]", "see: [three]"), "'three' is neither a claim of this file"),
+        (("relation: greater, value: 10", "relation: times"), "explanation.checks.0"),
+    ],
+)
+def test_a_bad_explanation_is_one_line(toy, edit, problem):
+    (toy / "notes.md").write_text("why\n")
+    path = toy / "claims.yaml"
+    path.write_text(EXPLAINED.replace(*edit))
+    with pytest.raises(GradleakError) as error:
+        read_claims(path)
+    message = str(error.value)
+    assert "\n" not in message and "claims.yaml:" in message and problem in message
