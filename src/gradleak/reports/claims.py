@@ -19,6 +19,7 @@ from gradleak.experiments.claims import (
 from gradleak.experiments.estimate import duration
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
+SST2_B1 = {"dataset": "sst2", "batch_size": 1}  # the cells of the special-tokens section
 Versions = Callable[[Path], str]  # a kept file -> the code version it names
 
 
@@ -61,6 +62,7 @@ def render_results(
             f"{kept} / {wanted} |"
         )
     lines += _gpu_section(results, root)
+    lines += _special_tokens_section(results)
     seed = None
     for result in results:
         if result.seed != seed:
@@ -128,6 +130,39 @@ def _gpu_section(results: Sequence[ClaimResult], root: Path) -> list[str]:
         lines.append(
             f"| `{claim_id}` | `{_relative(plan.experiment, root)}` | {plan.cells} | "
             f"{plan.inputs} | {duration(plan.gpu_s)} | {duration(plan.cpu_s)} |"
+        )
+    return lines
+
+
+def _special_tokens_section(results: Sequence[ClaimResult]) -> list[str]:
+    """The SST-2 cells at B=1, their paper-compatible scores beside the strict ones: with one
+    sentence there is one pair, so the two differ only in the special tokens the strict
+    scoring removes, and the gap is what counting [CLS] and [SEP] as words adds."""
+    rows: dict[str, tuple[KeptCell, list[str]]] = {}
+    for result in results:
+        for kept in result.cells:
+            if kept.measured and all(kept.options.get(k) == v for k, v in SST2_B1.items()):
+                rows.setdefault(kept.cell.name, (kept, []))[1].append(f"`{result.claim.id}`")
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Special tokens in SST-2's paper-compatible scores",
+        "",
+        "The papers' ROUGE keeps the decoded special tokens, so [CLS] and [SEP] count as the",
+        "words `cls` and `sep`, and an SST-2 sentence is often two or three words long. At B=1",
+        "a batch is one pair, so the strict scores differ from the paper-compatible ones only",
+        "in removing those tokens: the SST-2 cells at B=1 of the claims, side by side.",
+        "",
+        "| cell | claims | paper-compatible R-1 / R-2 | strict R-1 / R-2 | added |",
+        "|---|---|---|---|---|",
+    ]
+    for kept, claims in rows.values():
+        paper, strict = kept.metrics.get("paper", {}), kept.metrics.get("strict", {})
+        added = " / ".join(_difference(paper.get(k), strict.get(k)) for k in ("rouge1", "rouge2"))
+        lines.append(
+            f"| {kept.cell.name} | {', '.join(claims)} | {_pair(paper)} | {_pair(strict)} "
+            f"| {added} |"
         )
     return lines
 
@@ -238,6 +273,10 @@ def _pair(scores: dict[str, float]) -> str:
 
 def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _difference(left: float | None, right: float | None) -> str:
+    return "-" if left is None or right is None else f"{left - right:+.1f}"
 
 
 def _number(value: float | None) -> str:

@@ -293,3 +293,25 @@ def test_a_bad_explanation_is_one_line(toy, edit, problem):
         read_claims(path)
     message = str(error.value)
     assert "\n" not in message and "claims.yaml:" in message and problem in message
+
+
+def test_sst2_cells_at_b1_show_what_the_special_tokens_add(tmp_path):
+    """The special-tokens section lists each SST-2 cell at B=1 once (whatever claims read it),
+    its paper-compatible scores beside the strict ones and the difference: a one-word
+    sentence recovered exactly has no bigram strictly, two with [CLS] and [SEP] as words."""
+    (tmp_path / "exp.yaml").write_text(
+        EXPERIMENT.replace("dataset: demo", "dataset: sst2").replace("published: ", "# ")
+    )
+    (tmp_path / "kept").mkdir()
+    for cell in expand(read_experiment(tmp_path / "exp.yaml")):
+        line = sample(0, "fine", "fine")
+        line["paper"] = paper_scores(["[CLS] fine [SEP]"], ["[CLS] fine [SEP]"]).to_dict()
+        lines = [{"config": cell.config.identity(), "device": "cpu"}, line]
+        path = tmp_path / "kept" / f"{cell.name}.json.partial.jsonl"
+        path.write_text("".join(json.dumps(item) + "\n" for item in lines))
+    check = "- {metric: strict.rouge1, left: {attack: tag}, relation: at_least, value: 1}"
+    results = claims(tmp_path, check) + claims(tmp_path, check)
+    text = render_results(results, lambda path: "v1", tmp_path, "make it")
+    section = text.split("## Special tokens")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| tag-")]
+    assert rows == ["| tag-B1 | `one`, `one` | 100.0 / 100.0 | 100.0 / 0.0 | +0.0 / +100.0 |"]
