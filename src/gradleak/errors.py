@@ -27,6 +27,10 @@ class UpdateMismatchError(GradleakError):
     """An update whose tensors do not fit the model (one missing, extra or misshapen)."""
 
 
+class OutOfMemoryError(GradleakError, MemoryError):
+    """A step that needed more memory than the machine (or the process's limit) gives."""
+
+
 class MissingDependencyError(GradleakError, ImportError):
     """An optional package that a feature needs is not installed."""
 

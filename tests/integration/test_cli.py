@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from gradleak.cli import app
@@ -398,3 +399,28 @@ def test_a_notice_an_attack_gives_while_it_runs_is_printed_once(monkeypatch):
     result = invoke("attack", "--model", "tiny-bert", "--attack", "dager", "--mode", "eval")
     assert result.exit_code == 0, result.output
     assert result.output.count("notice: the cached model was damaged: trained again") == 1
+
+
+@pytest.mark.parametrize("step", ["update", "attack"])
+def test_running_out_of_memory_is_one_line_naming_the_input_and_the_fix(monkeypatch, step):
+    """A real allocation the machine refuses, in the client's update or in the attack."""
+    import gradleak.running.recipe as recipe
+
+    def refuse(*args, **kwargs):
+        torch.empty(2**50, dtype=torch.uint8)
+
+    if step == "update":
+        monkeypatch.setattr(recipe, "server_round", refuse)
+    else:
+        monkeypatch.setattr(
+            type(recipe.build_attack(config_from_options(TINY_OPTIONS))), "run", refuse
+        )
+    result = invoke("attack", *TINY, "--batch-size", "2", "--workers", "1")
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    where = "the client's update of input 0" if step == "update" else "tag on input 0"
+    assert lines[0] == (
+        f"error: {where} ran out of memory: a batch of 2 needs less: use a smaller "
+        "--batch-size or --max-tokens, fewer --workers or --stack"
+    )

@@ -33,7 +33,7 @@ from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import PublicData, ServerKnowledge, server_knowledge
 from gradleak.models.loading import Victim, load_victim
 from gradleak.runtime.devices import resolve_device
-from gradleak.runtime.environment import peak_memory_mb, reset_peak_memory
+from gradleak.runtime.environment import out_of_memory_named, peak_memory_mb, reset_peak_memory
 from gradleak.runtime.seeds import (
     ATTACK_STREAM,
     CLIENT_STREAM,
@@ -178,7 +178,13 @@ def attack_inputs(
     (``Attack.run_many``: LAMP and DLG stack them in one batched pass). A stacked input's
     ``attack_s`` is its equal share of the attack's wall time over all of them."""
     reset_peak_memory()  # these inputs' window: the updates, the attack and its prior
-    rounds = [client_round(config, prepared, index) for index in indices]
+    data = config.scenario.data
+    fix = (
+        f"a batch of {data.batch_size} needs less: use a smaller --batch-size or --max-tokens, "
+        "fewer --workers or --stack"
+    )
+    with out_of_memory_named(f"the client's update of input {indices[0]}", fix):
+        rounds = [client_round(config, prepared, index) for index in indices]
     samples: dict[int, dict[str, Any]] = {}
     attacked = []
     for one in rounds:
@@ -192,7 +198,8 @@ def attack_inputs(
     ]
     attack = prepared.attack
     started = time.perf_counter()
-    results = attack.run_many(items) if len(items) > 1 else [attack.attempt(i) for i in items]
+    with out_of_memory_named(f"{config.attack.name} on input {indices[0]}", fix):
+        results = attack.run_many(items) if len(items) > 1 else [attack.attempt(i) for i in items]
     attack_s = (time.perf_counter() - started) / max(1, len(items))
     for one, result in zip(attacked, results, strict=True):
         if isinstance(result, AttackFailed):

@@ -6,6 +6,10 @@ import importlib.metadata
 import os
 import platform
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gradleak.errors import OutOfMemoryError
 
 _LIBRARIES = ("gradleak", "torch", "transformers", "peft", "rouge-score", "scipy", "numpy")
 
@@ -37,6 +41,25 @@ def _cuda_devices() -> list[str]:
     import torch
 
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+# What torch's allocators say when a tensor does not fit: the CPU allocator raises a plain
+# RuntimeError, CUDA's and MPS's their own (``torch.OutOfMemoryError`` is a RuntimeError).
+_NO_MEMORY = ("can't allocate memory", "out of memory")
+
+
+@contextmanager
+def out_of_memory_named(what: str, fix: str) -> Iterator[None]:
+    """Raise a step's running out of memory as one line naming ``what`` ran out and ``fix``
+    (:class:`~gradleak.errors.OutOfMemoryError`), not as the allocator's traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, OutOfMemoryError):
+            raise
+        if isinstance(exc, RuntimeError) and not any(m in str(exc) for m in _NO_MEMORY):
+            raise
+        raise OutOfMemoryError(f"{what} ran out of memory: {fix}") from None
 
 
 def reset_peak_memory() -> None:
