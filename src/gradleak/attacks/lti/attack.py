@@ -211,6 +211,10 @@ class LtiAttack(Attack[LtiSettings]):
                 "seconds": round(report.seconds, 1),
                 "held_out_loss": report.best_loss,
                 "held_out_token_accuracy": report.best_accuracy,
+                # the learning curve: the held-out loss every ``eval_every`` steps, which says
+                # where a longer training is heading
+                "eval_every": budget.eval_every,
+                "held_out_losses": [round(loss, 5) for loss in report.losses],
             },
             "features": {"coordinates": plan.size, "bins": plan.bins},
         }

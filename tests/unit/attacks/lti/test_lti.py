@@ -311,6 +311,9 @@ def test_lti_p_beats_tag_under_sign_compression_and_its_model_is_cached(
     assert lti.metrics.strict.token_accuracy > 50
     info = lti.samples[0].info
     assert info["trained_now"] and info["training"]["data"]["texts"] == 200
+    training = info["training"]  # the learning curve: an evaluation at steps 20 and 40
+    assert training["eval_every"] == 20 and len(training["held_out_losses"]) == 2
+    assert min(training["held_out_losses"]) == pytest.approx(training["held_out_loss"], abs=1e-5)
     assert lti.samples[1].info["checkpoint"] == info["checkpoint"]  # one model, both inputs
     again = lti_run(word_files, tmp_path, monkeypatch, **sign)
     assert not again.samples[0].info["trained_now"]
