@@ -151,6 +151,8 @@ class KeptCell:
     published: dict[str, float]  # the paper's figures for this cell (their mean), by metric
     attack_s: float  # the kept inputs' attack seconds, summed
     refusals: tuple[tuple[str, int], ...] = ()  # why kept inputs have no scores, and how many
+    # a learned attack's training curve, where its record keeps one: (step, held-out loss)
+    curve: tuple[tuple[int, float], ...] = ()
 
     @property
     def wanted(self) -> int:
@@ -302,9 +304,22 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
                 published=_figures(published, cell),
                 attack_s=sum(sample.get("attack_s") or 0.0 for sample in samples),
                 refusals=tuple(Counter(s["error"] for s in samples if "error" in s).items()),
+                curve=_curve(samples),
             )
         )
     return found_cells
+
+
+def _curve(samples: list[dict[str, Any]]) -> tuple[tuple[int, float], ...]:
+    """The training curve a learned attack's record keeps (``info.training``: the held-out
+    loss every ``eval_every`` steps), from the first input that has one; the inputs of a cell
+    share one trained model."""
+    for sample in samples:
+        training = (sample.get("info") or {}).get("training") or {}
+        losses, every = training.get("held_out_losses"), training.get("eval_every")
+        if losses and every:
+            return tuple(((i + 1) * every, loss) for i, loss in enumerate(losses))
+    return ()
 
 
 def evaluate(path: str | Path) -> list[ClaimResult]:

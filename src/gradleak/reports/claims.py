@@ -88,6 +88,7 @@ def _claim_section(result: ClaimResult, version_of: Versions, root: Path) -> lis
         lines += ["", f"At the paper's size, on a GPU: {_gpu_cost(result.gpu, root)}."]
     if result.cells:
         lines += ["", *_cells_table(result.cells, version_of)]
+        lines += _curves(result.cells)
     return lines
 
 
@@ -241,6 +242,19 @@ def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
             f"Left to run: {inputs} inputs, about {duration(seconds)} on one CPU core (`gradleak "
             "run` on the experiment file resumes from the kept inputs)."
         )
+    return lines
+
+
+def _curves(cells: list[KeptCell]) -> list[str]:
+    """The learned cells' training curves: the held-out loss at each evaluation, which says
+    whether a longer training would recover more (still falling) or not (flat)."""
+    learned = [kept for kept in cells if kept.curve]
+    if not learned:
+        return []
+    lines = ["", "Training curves, the held-out loss by training step:", ""]
+    for kept in learned:
+        points = ", ".join(f"{step}: {loss:.3f}" for step, loss in kept.curve)
+        lines.append(f"- {kept.cell.name}: {points}")
     return lines
 
 

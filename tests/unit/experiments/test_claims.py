@@ -315,3 +315,20 @@ def test_sst2_cells_at_b1_show_what_the_special_tokens_add(tmp_path):
     section = text.split("## Special tokens")[1].split("\n## ")[0]
     rows = [line for line in section.splitlines() if line.startswith("| tag-")]
     assert rows == ["| tag-B1 | `one`, `one` | 100.0 / 100.0 | 100.0 / 0.0 | +0.0 / +100.0 |"]
+
+
+def test_a_learned_cells_training_curve_is_shown_under_its_table(toy):
+    """A record whose inputs keep ``info.training``'s held-out losses: the curve by step, from
+    its first input that has one; the other cells show none."""
+    path = toy / "kept" / "tag-B1.json.partial.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    training = {"eval_every": 50, "held_out_losses": [5.25, 4.5, 4.125]}
+    lines[2]["info"] = {"training": training}  # the second input (the first has no info)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    check = "- {metric: strict.rouge1, left: {attack: tag}, relation: at_least, value: 1}"
+    [result] = claims(toy, check)
+    curves = {c.cell.name: c.curve for c in result.cells}
+    assert curves == {"tag-B1": ((50, 5.25), (100, 4.5), (150, 4.125)), "tag-B2": ()}
+    text = render_results([result], lambda path: "v1", toy, "make it")
+    assert "- tag-B1: 50: 5.250, 100: 4.500, 150: 4.125" in text
+    assert "- tag-B2" not in text
