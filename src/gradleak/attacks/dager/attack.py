@@ -85,24 +85,25 @@ class DagerAttack(Attack[DagerSettings]):
             return refusal
         layers: list[LayerCheck] = []
         for layer in (0, 1):  # layer 2's rank limits the batch even where a deeper one searches
-            checked = self._layer(update, knowledge, layer)
+            checked = self._layer(update, knowledge, layer, _inputs_at_least(layers))
             if isinstance(checked, Refusal):
                 return checked
             layers.append(checked)
         near = self._near(update, knowledge)
         sentence = self._sentence_layer(knowledge, near)
         if sentence != 1:
-            checked = self._layer(update, knowledge, sentence)
+            checked = self._layer(update, knowledge, sentence, _inputs_at_least(layers))
             if isinstance(checked, Refusal):
                 return checked
             layers.append(checked)
         return DagerPlan(layers[0], replace(layers[-1], near=near))
 
     def _layer(
-        self, update: UpdatePayload, knowledge: ServerKnowledge, layer: int
+        self, update: UpdatePayload, knowledge: ServerKnowledge, layer: int, at_least: int = 0
     ) -> LayerCheck | Refusal:
-        """Layer ``layer``'s span checks, or the refusal they call for."""
-        checked = layer_check(update, knowledge, layer, self.settings)
+        """Layer ``layer``'s span checks, or the refusal they call for; ``at_least`` bounds
+        its own span's rank from below (``_inputs_at_least``)."""
+        checked = layer_check(update, knowledge, layer, self.settings, at_least)
         refusal = full_rank_refusal(
             checked, layer, knowledge.defenses, update, self.settings.rank_tol
         )
@@ -371,6 +372,23 @@ class DagerAttack(Attack[DagerSettings]):
                 break
             kept.append(tokens)
         return kept
+
+
+def _inputs_at_least(layers: list[LayerCheck]) -> int:
+    """A lower bound on a deeper layer's span rank: the first layer's. Each position's input
+    at layer 2 and deeper depends on its context, so a batch has at least as many distinct
+    inputs there as at layer 1. Without it the largest drop of a spectrum with no clear end
+    can fall among its first directions: a causal CoLA batch of 64 (layer 1 at rank 350)
+    had its layer-2 span cut at rank 2 by a drop of 1.1 decades after two outsized singular
+    values, where its 576 inputs left no drop at the end (a full span, to be refused).
+    Only a first layer whose span is in its own input space counts (not LoRA's adapter
+    spaces, not a span cut at a noise floor, whose rank depends on the noise)."""
+    if not layers:
+        return 0
+    first = layers[0]
+    if first.noisy or any(c.transform is not None for c in first.checks):
+        return 0
+    return first.rank
 
 
 def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:

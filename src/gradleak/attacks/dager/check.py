@@ -164,15 +164,20 @@ class DagerPlan(Plan):
 
 
 def layer_check(
-    update: UpdatePayload, knowledge: ServerKnowledge, layer: int, settings: DagerSettings
+    update: UpdatePayload,
+    knowledge: ServerKnowledge,
+    layer: int,
+    settings: DagerSettings,
+    at_least: int = 0,
 ) -> LayerCheck:
     """The span checks of layer ``layer`` (0-based); an update without its q, k or v gradient
-    is an error of the setup."""
+    is an error of the setup. ``at_least``: a lower bound on the rank of the layer's own
+    (not adapter) span, where its cut is the spectrum's largest drop."""
     blocks, adapter_blocks = _projection_gradients(update, knowledge, layer, settings.projections)
     pruned = adaptation_for(knowledge.defenses) == KEPT_COORDINATES
     checks = []
     if blocks:
-        checks.append(_check(update, blocks, settings.rank_tol, pruned, knowledge))
+        checks.append(_check(update, blocks, settings.rank_tol, pruned, knowledge, None, at_least))
     for block, a_matrix in adapter_blocks:
         checks.append(_check(update, [block], settings.rank_tol, pruned, knowledge, a_matrix))
     if not checks:
@@ -256,13 +261,14 @@ def _check(
     pruned: bool,
     knowledge: ServerKnowledge,
     transform: torch.Tensor | None = None,
+    at_least: int = 0,
 ) -> SpanCheck:
     """The span check of ``blocks``; ``pruned``: of their rows that pruning kept whole. The
     protocol's arithmetic and the public defenses' noise set the rank's floor."""
     protocol, defenses = knowledge.global_model.protocol, knowledge.defenses
     rounded = input_rounding(protocol)
     if not pruned:
-        span = _span(update, blocks, rank_tol, protocol, defenses)
+        span = _span(update, blocks, rank_tol, protocol, defenses, at_least)
         rows = sum(b.tensor.shape[0] for b in blocks)
         return SpanCheck(span, transform, rounding=rounded, rows=rows)
     width = blocks[0].tensor.shape[-1]
@@ -313,6 +319,7 @@ def _span(
     rank_tol: float | None,
     protocol: Protocol,
     defenses: tuple[Any, ...] = (),
+    at_least: int = 0,
 ) -> SpanBasis:
     """The blocks' joint span. The client's arithmetic leaves rounding the server can size
     from the protocol and the global weights it holds (a weight delta's storage of every local
@@ -328,7 +335,7 @@ def _span(
         products = product_rounding(block.tensor, protocol, steps)
         noise.append(std if products is None else torch.sqrt(products.square() + std**2))
     known = any(isinstance(n, torch.Tensor) or n > 0 for n in noise)
-    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if known else None)
+    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if known else None, at_least)
 
 
 def _rounding(update: UpdatePayload, block: Block, protocol: Protocol, steps: int) -> float:

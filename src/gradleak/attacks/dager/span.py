@@ -173,7 +173,10 @@ def _weighted_solve(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor | Non
 
 
 def estimate_rank(
-    singular_values: torch.Tensor, rank_tol: float | None, floor: float | None = None
+    singular_values: torch.Tensor,
+    rank_tol: float | None,
+    floor: float | None = None,
+    at_least: int = 0,
 ) -> int:
     """Numerical rank: singular values above ``rank_tol`` times the largest.
 
@@ -181,6 +184,8 @@ def estimate_rank(
     spectrum, which adapts to noise added to the update (a DP-style defense raises the floor).
     With a known noise ``floor`` (the largest singular value the noise alone would reach), the
     rank is the count above it: a drop need not exist when the signal fades into the noise.
+    ``at_least``: the largest drop is looked for among ranks of at least this (a lower bound
+    known from elsewhere: a deeper layer's inputs are at least as many as the first's).
     """
     s = singular_values[singular_values > 0]
     if s.numel() == 0:
@@ -192,10 +197,11 @@ def estimate_rank(
     logs = torch.log10(s)
     if logs.numel() < 2:
         return int(s.numel())
-    drops = logs[:-1] - logs[1:]
-    cut = int(torch.argmax(drops))
+    skip = min(max(at_least - 1, 0), logs.numel() - 2)
+    drops = logs[skip:-1] - logs[skip + 1 :]
+    cut = skip + int(torch.argmax(drops))
     # No clear drop (less than a decade): the spectrum is noise-like or full.
-    return cut + 1 if drops[cut] > 1.0 else int(s.numel())
+    return cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
 
 
 def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
@@ -216,6 +222,7 @@ def span_basis(
     hidden_size: int,
     rank_tol: float | None = DEFAULT_RANK_TOL,
     noise: list[float | torch.Tensor] | None = None,
+    at_least: int = 0,
 ) -> SpanBasis:
     """Basis of the joint row span of gradients oriented ``[rows, hidden_size]``.
 
@@ -227,6 +234,7 @@ def span_basis(
     block weighs in by its signal-to-noise ratio, and the rank counts the singular values
     clearly above what white noise alone reaches, about ``sqrt(rows) + sqrt(hidden_size)``.
     Noise that differs by entry is whitened by its rows and its columns (``_whitened``).
+    ``at_least`` bounds the rank the largest drop may pick from below (``estimate_rank``).
     """
     blocks = [g.to(torch.float64).reshape(-1, hidden_size) for g in gradients]
     floor, columns = None, None
@@ -238,7 +246,7 @@ def span_basis(
         margin = NOISE_MARGIN if columns is None else EXACT_NOISE_MARGIN
         floor = margin * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
     _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
-    rank = estimate_rank(s, rank_tol, None)
+    rank = estimate_rank(s, rank_tol, None, at_least)
     if floor is not None and rank_tol is None:
         if 0 < rank < s.numel() and s[rank - 1] > floor:
             floor = None  # a clear drop above the noise: the span is exact, as for a gradient

@@ -67,6 +67,17 @@ def test_adaptive_rank_finds_the_drop_under_noise():
     assert estimate_rank(s, rank_tol=1e-9) == 32  # a fixed tolerance below the noise fails
 
 
+def test_a_lower_bound_keeps_the_largest_drop_off_the_first_directions():
+    """Two outsized directions, then a spectrum that fades into rounding with no clear end
+    (a deeper layer's full span): the largest drop alone cuts at 2; looked for above the
+    first layer's rank, there is none, and the span is full."""
+    s = torch.cat([torch.tensor([1.4, 1.0]), torch.logspace(-1.2, -7.0, 574)]).double()
+    assert estimate_rank(s, rank_tol=None) == 2
+    assert estimate_rank(s, rank_tol=None, at_least=350) == 576
+    clean = torch.cat([torch.ones(400), torch.full((176,), 1e-9)]).double()  # a real drop
+    assert estimate_rank(clean, rank_tol=None, at_least=350) == 400
+
+
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 def test_decoder_batch_of_two_is_recovered_exactly(tiny_victim, name):
     decoded, result = dager_attack(tiny_victim(name), Protocol(mode="eval"))
