@@ -134,7 +134,8 @@ def client_round(config: RunConfig, prepared: Prepared, index: int) -> ClientRou
     # the round (one client's batch without an across-clients defense)
     batch = batches[0] if len(batches) == 1 else gm.encode(batch_examples, max_tokens)
     started = time.perf_counter()
-    update = server_round(gm, batches, prepared.defenses, partial(round_seeds, config, index))
+    with out_of_memory_named(f"the client's update of input {index}", _smaller(config)):
+        update = server_round(gm, batches, prepared.defenses, partial(round_seeds, config, index))
     update_s = time.perf_counter() - started
     del batches
     public = tuple(d.settings for d in prepared.defenses if d.settings.public)
@@ -151,6 +152,8 @@ def client_round(config: RunConfig, prepared: Prepared, index: int) -> ClientRou
     del batch  # from here on only the evaluator holds the ground truth (references_ids)
     # what the client's per-sample defense guarantees (DP-SGD's epsilon) for its n_k
     privacy = privacy_facts(prepared.defenses, gm, len(prepared.batches[index]))
+    with out_of_memory_named(f"{config.attack.name} on input {index}", _smaller(config)):
+        plan = prepared.attack.check(update, knowledge)
     return ClientRound(
         index=index,
         update=update,
@@ -159,7 +162,15 @@ def client_round(config: RunConfig, prepared: Prepared, index: int) -> ClientRou
         examples=batch_examples,
         privacy=privacy or {},
         update_s=update_s,
-        plan=prepared.attack.check(update, knowledge),
+        plan=plan,
+    )
+
+
+def _smaller(config: RunConfig) -> str:
+    """What to make smaller when an input ran out of memory."""
+    return (
+        f"a batch of {config.scenario.data.batch_size} needs less: use a smaller --batch-size "
+        "or --max-tokens, fewer --workers or --stack"
     )
 
 
@@ -178,13 +189,7 @@ def attack_inputs(
     (``Attack.run_many``: LAMP and DLG stack them in one batched pass). A stacked input's
     ``attack_s`` is its equal share of the attack's wall time over all of them."""
     reset_peak_memory()  # these inputs' window: the updates, the attack and its prior
-    data = config.scenario.data
-    fix = (
-        f"a batch of {data.batch_size} needs less: use a smaller --batch-size or --max-tokens, "
-        "fewer --workers or --stack"
-    )
-    with out_of_memory_named(f"the client's update of input {indices[0]}", fix):
-        rounds = [client_round(config, prepared, index) for index in indices]
+    rounds = [client_round(config, prepared, index) for index in indices]
     samples: dict[int, dict[str, Any]] = {}
     attacked = []
     for one in rounds:
@@ -198,7 +203,7 @@ def attack_inputs(
     ]
     attack = prepared.attack
     started = time.perf_counter()
-    with out_of_memory_named(f"{config.attack.name} on input {indices[0]}", fix):
+    with out_of_memory_named(f"{config.attack.name} on input {indices[0]}", _smaller(config)):
         results = attack.run_many(items) if len(items) > 1 else [attack.attempt(i) for i in items]
     attack_s = (time.perf_counter() - started) / max(1, len(items))
     for one, result in zip(attacked, results, strict=True):
