@@ -72,6 +72,9 @@ NAMES: dict[str, dict[str, tuple[str, str]]] = {
         for name in ("adapted_distance", "on_kept_coordinates", "sign_distance", "sign_violations")
     },
     "gradleak.models.adapters": {"ROLES": ("gradleak.models.roles", "ROLES")},
+    "gradleak.experiments.claims": {
+        name: ("gradleak.experiments.claim_files", name) for name in ("ClaimFile", "SECTIONS")
+    },
     "gradleak.cli": {
         "print_record": ("gradleak.cli.show", "print_record"),
         "plugins_reported": ("gradleak.cli.attack", "plugins_reported"),

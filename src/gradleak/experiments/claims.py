@@ -1,49 +1,17 @@
 """A paper's claims checked against an experiment's kept results, so that a sentence comparing
 figures is computed from the records and cannot contradict them.
 
-A **claim file** holds one paper's claims; each names the experiment whose kept inputs
-(``kept:``) measure it and the comparisons that decide it::
-
-    paper: Balunovic et al. 2022
-    seed: "Balunovic et al. 2022, LAMP: Extracting Text from Gradients with Language Model Priors"
-    claims:
-      - id: lamp-table1
-        table: Table 1
-        claim: LAMP recovers more than TAG at B=1.
-        experiment: ../experiments/lamp_main.yaml   # relative to this file
-        checks:
-          - {metric: paper.rouge2, left: {attack: lamp-cos}, relation: greater,
-             right: {attack: tag}, per: [dataset]}
-        missing: [SST-2 at B=8 (no experiment file declares it)]
-        gpu: ../experiments/gpu/lamp_table2.yaml   # the paper's size, for one GPU
-
-A check compares the mean over the matching cells (each cell's mean over its kept inputs) of
-one metric; a side is option values, or ``cell: NAME``. Relations: ``greater`` (left above
-right by more than ``value``, default 0), ``times`` (left at least ``value`` times right),
-``within`` (the two at most ``value`` apart), ``at_least`` and ``at_most`` (left against
-``value``, no right side), ``at_least_published`` (left at least the paper's figure for the
-same cells, from the experiment's ``published:`` file, less ``value``). ``per`` repeats the
-check for each value those options take among the left side's cells. Nothing is run: a cell
-without kept inputs leaves its comparison *not measured*.
+The claim files and their comparisons are :mod:`gradleak.experiments.claim_files`'s. Here
+each comparison is made from the kept inputs: the mean over the matching cells (each
+cell's mean over its kept inputs) of one metric. Nothing is run: a cell without kept inputs
+leaves its comparison *not measured*.
 
 A claim's verdict: **reproduced** when every comparison was measured on every cell it names
 and holds, and nothing is listed ``missing``; **refuted** when none that was measured holds;
 **in part** otherwise; **not measured** when no comparison could be made.
 
-A claim whose verdict differs from the paper may say why in ``explanation:``: the reason in
-words, the claim ids or documents (relative paths) that show it (``see``), and ``checks`` the
-reason predicts of the same kept cells. Those are computed and shown like the claim's own, and
-never change its verdict::
-
-        explanation:
-          text: With one example a client the delta points where the gradient does.
-          see: [../MEASURED.md]
-          checks:
-            - {metric: paper.rouge1, left: {epochs: 2}, relation: within, value: 10,
-               right: {protocol: fedsgd}}
-
-A claim's ``gpu:`` file declares the paper's own size (its models, inputs and budgets) for
-when a GPU is at hand; the results document lists it with its cost (:class:`GpuPlan`).
+An explanation's checks are made the same way and never change the verdict. A claim's
+``gpu:`` file is costed as :class:`GpuPlan`.
 """
 
 from __future__ import annotations
@@ -53,87 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from gradleak.config.options import options_of
+from gradleak.experiments.claim_files import Check, Claim, read_claims
 from gradleak.experiments.estimate import CellEstimate, estimate
 from gradleak.experiments.grid import Cell, expand
 from gradleak.experiments.kept import kept_results
 from gradleak.experiments.published import Published, read_published
 from gradleak.experiments.spec import ExperimentFile, option_key, read_experiment, same_value
-from gradleak.experiments.yaml_files import located, read_yaml, validated
 from gradleak.running.record import summarize
 
-Relation = Literal["greater", "times", "within", "at_least", "at_most", "at_least_published"]
 Verdict = Literal["reproduced", "in part", "refuted", "not measured"]
-SECTIONS = {  # the metrics a record holds, by section (``running.record.summarize``)
-    "strict": ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_match"),
-    "paper": ("rouge1", "rouge2", "rougeL"),
-}
 CELL = "cell"  # a side's key that names cells rather than option values
-
-
-class Check(BaseModel):
-    """One comparison of a metric between two groups of cells, or of one group with a value."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    metric: str = Field(description="SECTION.METRIC: strict.rouge1, paper.rouge2, ...")
-    left: dict[str, Any] = Field(description="option values of the cells on the left")
-    relation: Relation
-    right: dict[str, Any] | None = Field(None, description="the other side's option values")
-    value: float | None = Field(None, description="margin, factor, tolerance or threshold")
-    per: list[str] = Field(default_factory=list, description="options to repeat the check by")
-
-    def section_and_name(self) -> tuple[str, str]:
-        section, _, name = self.metric.partition(".")
-        return section, name
-
-
-class Explanation(BaseModel):
-    """Why the measured result differs from the paper, and what that reason predicts."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    text: str = Field(description="the reason, in words (its evidence is in see and checks)")
-    see: list[str] = Field(
-        default_factory=list,
-        description="claim ids of the same file, or documents relative to it, that show it",
-    )
-    checks: list[Check] = Field(
-        default_factory=list, description="comparisons the reason predicts; not the verdict's"
-    )
-
-
-class Claim(BaseModel):
-    """A paper's sentence and the comparisons that decide it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    table: str = Field(description="where in the paper")
-    claim: str = Field(description="the paper's claim, in words (no figures of ours)")
-    experiment: str | None = Field(None, description="the experiment file, relative to this one")
-    checks: list[Check] = Field(default_factory=list)
-    missing: list[str] = Field(
-        default_factory=list, description="what the claim covers that no experiment declares"
-    )
-    gpu: str | None = Field(
-        None, description="the experiment file at the paper's size for one GPU, relative here"
-    )
-    explanation: Explanation | None = Field(
-        None, description="why the result differs from the paper, where it does"
-    )
-
-
-class ClaimFile(BaseModel):
-    """One paper's claims."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    paper: str = Field(description="the paper, short: its authors and year")
-    seed: str = Field(description="the paper, whole: authors, year and title")
-    claims: list[Claim]
 
 
 @dataclass(frozen=True)
@@ -225,53 +123,9 @@ class ClaimResult:
     see: list[str | Path] = field(default_factory=list)  # claim ids; documents, resolved
 
 
-def read_claims(path: str | Path) -> ClaimFile:
-    """Read a claim file.
-
-    Args:
-        path: The claim file (YAML).
-
-    Returns:
-        Its paper and claims, each check's metric and sides checked.
-
-    Raises:
-        ExperimentError: One line naming the file, line and key of the first problem.
-    """
-    path = Path(path)
-    data, lines = read_yaml(path, "claim file")
-    claims = validated(ClaimFile, data, path, lines)
-    ids = {claim.id for claim in claims.claims}
-    for i, claim in enumerate(claims.claims):
-        where = ("claims", i)
-        explanation = claim.explanation
-        for key, checks in (("checks", claim.checks), ("explanation", _explained(claim))):
-            for j, check in enumerate(checks):
-                problem = _check_problem(check)
-                if problem:
-                    at = (*where, key, j) if key == "checks" else (*where, key, "checks", j)
-                    raise located(path, lines, at, problem)
-        if (claim.checks or _explained(claim)) and claim.experiment is None:
-            raise located(path, lines, where, "checks need an experiment: name its file")
-        for j, reference in enumerate(explanation.see if explanation is not None else []):
-            if reference not in ids and not (path.parent / reference).exists():
-                raise located(
-                    path,
-                    lines,
-                    (*where, "explanation", "see", j),
-                    f"{reference!r} is neither a claim of this file nor a file beside it",
-                )
-    return claims
-
-
-def _explained(claim: Claim) -> list[Check]:
-    return claim.explanation.checks if claim.explanation is not None else []
-
-
-def _references(claim: Claim, claims: ClaimFile, folder: Path) -> list[str | Path]:
+def _references(claim: Claim, ids: set[str], folder: Path) -> list[str | Path]:
     """The explanation's ``see``: claim ids as given, documents resolved from ``folder``."""
-    ids = {other.id for other in claims.claims}
-    see = claim.explanation.see if claim.explanation is not None else []
-    return [item if item in ids else (folder / item).resolve() for item in see]
+    return [item if item in ids else (folder / item).resolve() for item in claim.see]
 
 
 def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
@@ -336,6 +190,7 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
     """
     path = Path(path)
     claims = read_claims(path)
+    ids = {claim.id for claim in claims.claims}
     experiments: dict[Path, list[KeptCell]] = {}
     gpu_plans: dict[Path, GpuPlan] = {}  # two claims may share a file
     results = []
@@ -348,7 +203,7 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
                 experiments[file] = kept_cells(read_experiment(file))
             cells = experiments[file]
         outcomes = [o for check in claim.checks for o in _outcomes(check, cells)]
-        explained = [o for check in _explained(claim) for o in _outcomes(check, cells)]
+        explained = [o for check in claim.explained for o in _outcomes(check, cells)]
         used = {id(c) for o in outcomes + explained for c in (*o.left_cells, *o.right_cells)}
         shown = [c for c in cells if id(c) in used]
         verdict = _verdict(claim, outcomes)
@@ -369,7 +224,7 @@ def evaluate(path: str | Path) -> list[ClaimResult]:
                 verdict,
                 gpu,
                 explained,
-                _references(claim, claims, path.parent),
+                _references(claim, ids, path.parent),
             )
         )
     return results
@@ -400,22 +255,7 @@ def _figures(published: Published | None, cell: Cell) -> dict[str, float]:
     return {n: sum(s[n] for s in scores if n in s) / sum(n in s for s in scores) for n in names}
 
 
-def _check_problem(check: Check) -> str:
-    section, name = check.section_and_name()
-    if section not in SECTIONS or name not in SECTIONS[section]:
-        known = ", ".join(f"{s}.{m}" for s, metrics in SECTIONS.items() for m in metrics)
-        return f"metric {check.metric!r} is none of {known}"
-    one_sided = check.relation in ("at_least", "at_most", "at_least_published")
-    if one_sided and check.right is not None:
-        return f"{check.relation} compares with a value: drop right"
-    if not one_sided and check.right is None:
-        return f"{check.relation} compares two sides: give right"
-    if check.relation not in ("greater", "at_least_published") and check.value is None:
-        return f"{check.relation} needs a value"
-    return ""
-
-
-def _matching(cells: list[KeptCell], where: dict[str, Any]) -> list[KeptCell]:
+def cells_matching(cells: list[KeptCell], where: dict[str, Any]) -> list[KeptCell]:
     """The cells with the option values of ``where`` (``cell``: the cell's name)."""
     return [kept for kept in cells if all(_same(_value(kept, k), v) for k, v in where.items())]
 
@@ -432,7 +272,7 @@ def _value(kept: KeptCell, key: str) -> Any:
 def _outcomes(check: Check, cells: list[KeptCell]) -> list[Outcome]:
     """The check made once for each value its ``per`` options take on the left side."""
     repetitions: list[dict[str, Any]] = []
-    for kept in _matching(cells, check.left):
+    for kept in cells_matching(cells, check.left):
         values = {k: _value(kept, k) for k in check.per}
         if values not in repetitions:
             repetitions.append(values)
@@ -441,8 +281,8 @@ def _outcomes(check: Check, cells: list[KeptCell]) -> list[Outcome]:
 
 def _outcome(check: Check, where: dict[str, Any], cells: list[KeptCell]) -> Outcome:
     section, name = check.section_and_name()
-    left_cells = _matching(cells, {**check.left, **where})
-    right_cells = _matching(cells, {**check.right, **where}) if check.right is not None else []
+    left_cells = cells_matching(cells, {**check.left, **where})
+    right_cells = cells_matching(cells, {**check.right, **where}) if check.right is not None else []
     left = _mean(left_cells, section, name)
     if check.relation == "at_least_published":
         paper = [c.published[name] for c in left_cells if c.measured and name in c.published]
@@ -484,3 +324,9 @@ def _verdict(claim: Claim, outcomes: list[Outcome]) -> Verdict:
     if failed == 0 and held == len(outcomes) and whole and not claim.missing:
         return "reproduced"
     return "in part"
+
+
+def __getattr__(name: str) -> object:
+    from gradleak.renamed import renamed_attribute
+
+    return renamed_attribute(__name__, name)

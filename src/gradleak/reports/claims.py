@@ -8,14 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gradleak.experiments.claims import (
-    Check,
-    ClaimResult,
-    Explanation,
-    GpuPlan,
-    KeptCell,
-    Outcome,
-)
+from gradleak.experiments.claim_files import Check, Explanation
+from gradleak.experiments.claims import ClaimResult, GpuPlan, KeptCell, Outcome, cells_matching
 from gradleak.experiments.estimate import duration
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
@@ -141,8 +135,8 @@ def _special_tokens_section(results: Sequence[ClaimResult]) -> list[str]:
     scoring removes, and the gap is what counting [CLS] and [SEP] as words adds."""
     rows: dict[str, tuple[KeptCell, list[str]]] = {}
     for result in results:
-        for kept in result.cells:
-            if kept.measured and all(kept.options.get(k) == v for k, v in SST2_B1.items()):
+        for kept in cells_matching(result.cells, SST2_B1):
+            if kept.measured:
                 rows.setdefault(kept.cell.name, (kept, []))[1].append(f"`{result.claim.id}`")
     if not rows:
         return []

@@ -12,7 +12,8 @@ import pytest
 
 from gradleak.errors import GradleakError
 from gradleak.evaluation.metrics import paper_scores, strict_scores
-from gradleak.experiments.claims import evaluate, gpu_plan, read_claims
+from gradleak.experiments.claim_files import read_claims
+from gradleak.experiments.claims import evaluate, gpu_plan
 from gradleak.experiments.grid import expand
 from gradleak.experiments.spec import read_experiment
 from gradleak.reports.claims import render_results
