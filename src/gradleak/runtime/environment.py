@@ -54,9 +54,9 @@ def out_of_memory_named(what: str, fix: str) -> Iterator[None]:
     (:class:`~gradleak.errors.OutOfMemoryError`), not as the allocator's traceback."""
     try:
         yield
+    except OutOfMemoryError:  # already named by an inner step
+        raise
     except (MemoryError, RuntimeError) as exc:
-        if isinstance(exc, OutOfMemoryError):
-            raise
         if isinstance(exc, RuntimeError) and not any(m in str(exc) for m in _NO_MEMORY):
             raise
         raise OutOfMemoryError(f"{what} ran out of memory: {fix}") from None
