@@ -31,6 +31,9 @@ Suites:
   fedavg_direction how far a FedAvg delta of E = 1, 2, 4 local epochs turns from the FedSGD
                  gradient at one example a client (Wang & Li Table IV), MiniLM CoLA, SGD at
                  lr 5e-5, 1e-3, 1e-2 (--batches examples).
+  lora_encoder_bag what layer 1 of an encoder's LoRA update (MiniLM, r=32 on q and v, FedSGD
+                 round 2, CoLA B = 4, 8, 16) leaks to sparse recovery over (token, position)
+                 pairs: the batch's tokens found, false ones, picks at the true position.
   record_audit   canary records against DP-SGD's accountant: MiniLM SST-2, 1,000 records a
                  run, undefended and at accountant epsilon about 8 and 1 (--batches seeds):
                  the one-run bounds beside the accountant's epsilon.
@@ -67,6 +70,7 @@ import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import fedavg_direction  # noqa: E402
 import flower_audit  # noqa: E402
+import lora_encoder_bag  # noqa: E402
 import lti_speed  # noqa: E402
 import planned_runs  # noqa: E402
 import record_audit  # noqa: E402
@@ -82,6 +86,7 @@ SUITES = {
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
     **fedavg_direction.SUITES,
+    **lora_encoder_bag.SUITES,
     **stack_step.SUITES,
     **flower_audit.SUITES,
     **planned_runs.SUITES,

@@ -149,6 +149,7 @@ def sparse_support(
     on_pick: Callable[[list[int]], None] | None = None,
     max_picks: int | None = None,
     grow: Callable[[Pursuit, torch.Tensor, float], bool] | None = None,
+    end_game: bool = True,
 ) -> tuple[list[int], int, float]:
     """Indices of the dictionary's vectors that make up the slice ``target``.
 
@@ -157,8 +158,10 @@ def sparse_support(
     prefix); ``grow(pursuit, left, best)``, called when no vector lies at angle 0, may add
     vectors nearer than ``best`` (a vocabulary's shortlist: the tokens the picks have brought
     near) and says whether it did. At most ``max_picks`` picks (default: the hidden size less
-    the slice's directions, past which the picked span holds everything). Returns the
-    support, the number of picks and the share of the slice left."""
+    the slice's directions, past which the picked span holds everything). Without
+    ``end_game`` every pick is one vector (a dictionary of near twins, an encoder's token at
+    neighbouring positions, would put them all at angle 0 together). Returns the support,
+    the number of picks and the share of the slice left."""
     if max_picks is None:
         max_picks = target.shape[0] - target.shape[1]
     pursuit = Pursuit(target)
@@ -178,7 +181,8 @@ def sparse_support(
         if best <= 0:
             break
         # In the end game every true vector left lies at angle 0: take them all at once.
-        batch = torch.nonzero(cosines >= 1 - EXACT).flatten().tolist() if best >= 1 - EXACT else []
+        exact = end_game and best >= 1 - EXACT
+        batch = torch.nonzero(cosines >= 1 - EXACT).flatten().tolist() if exact else []
         picks = batch or [int(cosines.argmax())]
         for index in picks:
             pursuit.pick(vectors[index])

@@ -34,6 +34,20 @@ def test_no_true_input_lies_in_a_slice_yet_the_pursuit_finds_them_all(dictionary
     assert picks < 40  # the end game takes the last 8 at once
 
 
+def test_without_the_end_game_a_near_twin_is_not_taken_with_its_input(dictionary):
+    support = list(range(0, 600, 24))
+    target = slice_of(dictionary[support], rows=8)
+    noise = torch.randn(96, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    twin = dictionary[support[-1]] + 1e-9 * noise  # an encoder's token one position on
+    with_twin = torch.cat([dictionary, twin[None]])
+    _, picks, _ = sparse_support(target, lambda: with_twin)
+    assert picks == len(support) + 1  # the end game took the twin at angle 0 too
+    found, picks, left = sparse_support(target, lambda: with_twin, end_game=False)
+    assert found == support
+    assert left < 1e-8
+    assert picks == len(support)
+
+
 def test_a_false_pick_is_dropped_by_the_fit(dictionary):
     support = [3, 50, 77, 120, 200, 333, 410, 599]
     target = slice_of(dictionary[support], rows=4)
