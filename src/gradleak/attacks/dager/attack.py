@@ -16,7 +16,8 @@
 4. Where a rotary decoder's clean gradient spans a layer from fewer rows than the hidden size
    (LoRA's A-gradients, after round 1), a batch with more inputs than rows leaves only a slice
    of their span: the tokens and the prefixes are then read as the slice's sparse support
-   (``sparse.py``, an extension of the paper; ``--no-sparse`` turns it off).
+   (``sparse.py``, an extension of the paper; ``--no-sparse`` turns it off). An encoder's
+   slice gives its (token, position) pairs so: the batch's tokens, not its sentences.
 
 A FedAvg weight delta is used as a pseudo-gradient: its span is the union of the spans of the
 local steps' gradients, and the scale does not matter for a span. A local step on another
@@ -55,6 +56,8 @@ from gradleak.attacks.dager.search import SearchState, pick_distinct
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.sparse import (
     SHORTLIST,
+    arranged,
+    sparse_pairs,
     sparse_sentences,
     sparse_tokens,
     weighted_slice,
@@ -163,6 +166,8 @@ class DagerAttack(Attack[DagerSettings]):
             placed = placed_tokens(update, knowledge, within) if within is not None else None
             if placed is not None:
                 state.least_alive = placed.least_alive()
+            if self._bag_applies(update, knowledge) and layer1.full_slice:
+                return self._token_bag(hf, knowledge, plan, state)
             sparse = self._sparse_applies(update, knowledge)
             if sparse and layer1.sliced:
                 candidates = [self._sparse_tokens(hf, knowledge, layer1, state)]
@@ -209,6 +214,11 @@ class DagerAttack(Attack[DagerSettings]):
             # gets no gradient and no span shows it; the task's format is public: append it.
             end = end_tokens(knowledge.tokenizer)
             sentences = [(ended(ids, end), score) for ids, score in sentences]
+        return self._reconstruction(sentences, plan, state)
+
+    def _reconstruction(
+        self, sentences: list[tuple[list[int], float | None]], plan: DagerPlan, state: SearchState
+    ) -> Reconstruction:
         return Reconstruction(
             token_ids=[ids for ids, _ in sentences],
             info={
@@ -229,6 +239,44 @@ class DagerAttack(Attack[DagerSettings]):
         adapter = knowledge.global_model.adapter
         clean = update.kind == "gradient" and not knowledge.defenses
         return self.settings.sparse and adapter.is_decoder and adapter.rotary_positions and clean
+
+    def _bag_applies(self, update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
+        """Whether an encoder's sliced layer 1 is read by sparse recovery for its tokens
+        (``_token_bag``): on a clean gradient, when the setting allows."""
+        clean = update.kind == "gradient" and not knowledge.defenses
+        return self.settings.sparse and not knowledge.global_model.adapter.is_decoder and clean
+
+    def _token_bag(
+        self,
+        hf: torch.nn.Module,
+        knowledge: ServerKnowledge,
+        plan: DagerPlan,
+        state: SearchState,
+    ) -> Reconstruction:
+        """An encoder's sliced layer 1 read as the sparse support of (token, position)
+        pairs: the batch's tokens, laid out by position. Layer 2's slice does not order
+        them (docs/design/dager-sparse.md), so no sentence search follows."""
+        adapter = knowledge.global_model.adapter
+        embedding = adapter.token_embedding(hf).weight
+        positions = min(self.settings.max_length, adapter.max_positions(hf))
+
+        def inputs_at(ids: torch.Tensor, position: int) -> torch.Tensor:
+            at = torch.full((len(ids),), position, device=embedding.device)
+            return adapter.first_layer_input(hf, embedding[ids], at)
+
+        target = weighted_slice(plan.layer1.checks[0].span)
+        pairs, left = sparse_pairs(inputs_at, len(embedding), positions, target)
+        tokens = sorted({token for token, _ in pairs})
+        state.notes.append(
+            f"layer 1's span may be a slice (rank {plan.layer1.rank}, from fewer gradient "
+            f"rows than the hidden size): {len(tokens)} tokens at {len(pairs)} positions by "
+            f"sparse recovery, {left:.1e} of the slice left; the sentences are not "
+            "recovered: the tokens are laid out by position"
+        )
+        rows = arranged(pairs, knowledge.batch_size)
+        reconstruction = self._reconstruction([(ids, None) for ids in rows], plan, state)
+        reconstruction.info["tokens"] = tokens
+        return reconstruction
 
     def _sparse_tokens(
         self,

@@ -143,6 +143,14 @@ class LayerCheck:
         return clean and one.rows is not None and one.rows < one.span.hidden_size - 1
 
     @property
+    def full_slice(self) -> bool:
+        """Whether a sliced span has as many directions as its gradient rows: the batch may
+        hold more inputs than that, and the span is a slice of theirs (with fewer directions
+        it is their whole span, and the exact checks apply)."""
+        rows = self.checks[0].rows
+        return self.sliced and rows is not None and self.rank >= rows
+
+    @property
     def plain(self) -> list[SpanCheck]:
         """Checks in the layer's own input space (not a LoRA adapter space)."""
         return [c for c in self.checks if c.transform is None]

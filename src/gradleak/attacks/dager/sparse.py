@@ -41,6 +41,21 @@ EXACT = 1e-6
 # Vocabulary tokens the layer-1 pursuit starts from, the nearest to the slice in angle (others
 # join as the picks bring them near: ``Vocabulary``).
 SHORTLIST = 1024
+# An encoder's tokens screened at every position: the nearest to the slice at a few positions
+# (every 5th from 1 to 16). A batch's tokens ranked 264th at worst of MiniLM's 30,522 at a
+# single position (CoLA B=8, docs/design/dager-sparse.md).
+TOKEN_SHORTLIST = 2048
+TOKEN_PROBES = (5, 16)
+# An encoder's (token, position) pairs the pursuit picks from, per position screened: the
+# nearest to the slice in angle. A batch token lies near the slice at every position (the
+# position embedding is a small part of the input), so the shortlist grows with the
+# positions, or the batch tokens' other positions crowd its true pairs out
+# (docs/design/dager-sparse.md).
+PAIRS_PER_POSITION = 128
+# A pair picked at a cosine under this is no input: the batch's pairs lie at 0.77 and more
+# from the start and near 1 as the picks go on, while once they are spent the next best lie
+# at about 0.2 (MiniLM, CoLA B=8).
+LEAST_PAIR_COSINE = 0.5
 # A picked vector whose share of the least-squares fit is under this (relative to the largest)
 # was not needed: a false pick.
 NEEDED = 1e-3
@@ -150,6 +165,7 @@ def sparse_support(
     max_picks: int | None = None,
     grow: Callable[[Pursuit, torch.Tensor, float], bool] | None = None,
     end_game: bool = True,
+    least_cosine: float = 0.0,
 ) -> tuple[list[int], int, float]:
     """Indices of the dictionary's vectors that make up the slice ``target``.
 
@@ -160,8 +176,9 @@ def sparse_support(
     near) and says whether it did. At most ``max_picks`` picks (default: the hidden size less
     the slice's directions, past which the picked span holds everything). Without
     ``end_game`` every pick is one vector (a dictionary of near twins, an encoder's token at
-    neighbouring positions, would put them all at angle 0 together). Returns the support,
-    the number of picks and the share of the slice left."""
+    neighbouring positions, would put them all at angle 0 together). The pursuit ends where
+    no vector lies nearer than ``least_cosine``. Returns the support, the number of picks
+    and the share of the slice left."""
     if max_picks is None:
         max_picks = target.shape[0] - target.shape[1]
     pursuit = Pursuit(target)
@@ -178,7 +195,7 @@ def sparse_support(
         best = float(cosines.max())
         if best < 1 - EXACT and grow is not None and grow(pursuit, left, best):
             continue  # score the new vectors too
-        if best <= 0:
+        if best <= least_cosine:
             break
         # In the end game every true vector left lies at angle 0: take them all at once.
         exact = end_game and best >= 1 - EXACT
@@ -250,6 +267,65 @@ def sparse_tokens(
     vocabulary = Vocabulary(inputs, nearest.tolist())
     support, _, left = sparse_support(target, vocabulary, grow=vocabulary.grow)
     return sorted(vocabulary.members[i] for i in support), left
+
+
+def sparse_pairs(
+    inputs_at: Callable[[torch.Tensor, int], torch.Tensor],
+    vocabulary: int,
+    positions: int,
+    target: torch.Tensor,
+) -> tuple[list[tuple[int, int]], float]:
+    """An encoder batch's (token, position) pairs from layer 1's slice ``target``, and the
+    share of the slice they leave. ``inputs_at(ids, position)`` gives the layer-1 inputs of
+    tokens ``ids`` at ``position``; the dictionary is tokens at positions below ``positions``.
+
+    A token's nearness to the slice hardly depends on its position (the position embedding is
+    a small part of the input), so the tokens are screened first, at a few positions, and
+    only the nearest ``TOKEN_SHORTLIST`` are screened at every position, keeping the pairs
+    nearest the slice (``PAIRS_PER_POSITION`` a position). A token's pairs at neighbouring
+    positions come to angle 0 together, so the pursuit picks one at a time (no end game) and
+    positions are less sure than tokens (docs/design/dager-sparse.md)."""
+    left = Pursuit(target).left().to(torch.float32)
+    device = target.device
+
+    def cosines(ids: torch.Tensor, position: int) -> torch.Tensor:
+        inputs = inputs_at(ids, position).to(torch.float32)
+        along = inputs @ left
+        return (along.square().sum(-1) / inputs.square().sum(-1).clamp_min(1e-30)).sqrt()
+
+    every = torch.arange(vocabulary, device=device)
+    probes = range(1, min(positions, TOKEN_PROBES[1]), TOKEN_PROBES[0])
+    nearness = torch.stack([cosines(every, position) for position in probes]).amax(dim=0)
+    tokens = torch.topk(nearness, min(TOKEN_SHORTLIST, vocabulary)).indices
+    scores = torch.stack([cosines(tokens, position) for position in range(positions)])
+    shortlist = min(PAIRS_PER_POSITION * positions, scores.numel())
+    nearest = torch.topk(scores.flatten(), shortlist).indices  # position-major
+    by_position: dict[int, list[int]] = {}
+    for index in sorted(nearest.tolist()):
+        by_position.setdefault(index // len(tokens), []).append(int(tokens[index % len(tokens)]))
+    pairs = [(token, q) for q, ids in by_position.items() for token in ids]
+    dictionary = torch.cat(
+        [inputs_at(torch.tensor(ids, device=device), q) for q, ids in by_position.items()]
+    ).to(torch.float64)
+    support, _, share = sparse_support(
+        target, lambda: dictionary, end_game=False, least_cosine=LEAST_PAIR_COSINE
+    )
+    return sorted((pairs[i] for i in support), key=lambda pair: (pair[1], pair[0])), share
+
+
+def arranged(pairs: list[tuple[int, int]], rows: int) -> list[list[int]]:
+    """(token, position) pairs laid out as ``rows`` sequences: at each position its tokens,
+    one to a row. The pairs do not say which sentence a token belongs to, so the rows are
+    the bag of tokens in their positions' order, not the sentences."""
+    at: dict[int, list[int]] = {}
+    for token, position in pairs:
+        at.setdefault(position, []).append(token)
+    laid = [[] for _ in range(rows)]
+    for position in sorted(at):
+        for row, token in enumerate(at[position][:rows]):
+            laid[row].append(token)
+        laid[-1] += at[position][rows:]  # more tokens than rows at a position: none dropped
+    return [row for row in laid if row]
 
 
 @dataclass

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gradleak
+from gradleak.api import load_model
 from gradleak.attacks.dager.span import span_basis
 from gradleak.attacks.dager.sparse import Pursuit, sparse_support, sparse_tokens
 
@@ -92,3 +93,23 @@ def test_a_lora_update_at_round_2_with_more_tokens_than_its_rows_is_recovered(
     assert any("by sparse recovery" in note for note in record.samples[0].info["notes"])
     paper = gradleak.attack(**options, sparse=False)
     assert paper.samples[0].exact == [False]
+
+
+def test_an_encoder_lora_slice_gives_the_batch_tokens(tmp_path, monkeypatch):
+    """MiniLM with LoRA r=32 on q and v at round 2: 64 rows of A-gradient, fewer than a batch
+    of 8's (token, position) pairs. DAGER reads the slice as their sparse support: every token
+    of the batch and none other, laid out by position; without sparse recovery the encoder
+    search runs and reports no token bag."""
+    monkeypatch.setenv("GRADLEAK_CACHE_DIR", str(tmp_path))
+    options = {"model": "minilm", "attack": "dager", "batch_size": 8, "mode": "eval",
+               "round": 2, "round_clients": 1, "lora_rank": 32, "lora_alpha": 64,
+               "progress": False, "workers": 1, "n_inputs": 1}  # fmt: skip
+    record = gradleak.attack(**options)
+    sample = record.samples[0]
+    tokenizer = load_model("minilm")[1]
+    batch = {t for text in sample.reference for t in tokenizer(text)["input_ids"]}
+    assert sample.info["rank_layer1"] == 64
+    assert set(sample.info["tokens"]) == batch
+    assert any("the sentences are not recovered" in note for note in sample.info["notes"])
+    paper = gradleak.attack(**options, sparse=False)
+    assert "tokens" not in paper.samples[0].info
