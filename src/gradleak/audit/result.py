@@ -17,10 +17,12 @@ from gradleak.running.record import Record
 @dataclass(frozen=True)
 class Thresholds:
     """The leakage a practitioner accepts: at most ``max_exact`` % of sentences recovered
-    word for word and at most ``max_rouge2`` ROUGE-2 (strict, percent)."""
+    word for word, at most ``max_rouge2`` ROUGE-2 (strict, percent) and at most
+    ``max_secrets`` of the setup's secret words recovered."""
 
     max_exact: float = 0.0
     max_rouge2: float = 10.0
+    max_secrets: int = 0
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,11 @@ class Leakage:
     secrets_total: int
 
     def over(self, thresholds: Thresholds) -> bool:
-        return self.exact > thresholds.max_exact or self.rouge2 > thresholds.max_rouge2
+        return (
+            self.exact > thresholds.max_exact
+            or self.rouge2 > thresholds.max_rouge2
+            or len(self.secrets) > thresholds.max_secrets
+        )
 
 
 @dataclass
@@ -107,10 +113,11 @@ class Mitigation:
 
     def below(self, thresholds: Thresholds) -> bool | None:
         """Whether every attack that leaked before stays under the thresholds after this
-        change: False when one still leaks, None when one was not measured (over the budget)."""
+        change: False when one still leaks, None when one was not measured (over the budget,
+        or the changed setup failed to run)."""
         if any(o.leakage is not None and o.leakage.over(thresholds) for o in self.outcomes):
             return False
-        if any(o.status == "skipped" for o in self.outcomes):
+        if any(o.status in ("skipped", "failed") for o in self.outcomes):
             return None
         return True
 
@@ -130,8 +137,15 @@ class AuditResult:
 
     @property
     def strongest(self) -> AttackOutcome | None:
+        """The attack that leaked most: over the thresholds first, then by exact sentences,
+        ROUGE-2 and secret words recovered."""
         leaked = [o for o in self.baseline if o.leakage is not None]
-        return max(leaked, key=lambda o: (o.leakage.exact, o.leakage.rouge2), default=None)
+
+        def leaks(o: AttackOutcome) -> tuple[bool, float, float, int]:
+            leak = o.leakage
+            return leak.over(self.thresholds), leak.exact, leak.rouge2, len(leak.secrets)
+
+        return max(leaked, key=leaks, default=None)
 
     @property
     def exposed(self) -> bool:
@@ -162,17 +176,17 @@ class AuditResult:
 
 def leakage_of(record: Record, sensitive: list[str]) -> Leakage | None:
     """The leakage a record shows (None when no input was scored), and which secret words of
-    the private text its reconstructions hold."""
+    the private text its reconstructions hold: a word any reconstruction of its batch holds
+    has leaked, whichever sentence it sits in (the server learns the client wrote it; an
+    attack that recovers a batch's tokens but not their sentences leaks its secrets too)."""
     strict = record.metrics.strict
     if strict is None:
         return None
     patterns = [re.compile(p, re.IGNORECASE) for p in sensitive]
     found, total = [], 0
     for sample in record.scored:
-        for k, reference in enumerate(sample.reference):
-            match = sample.matching[k]
-            prediction = sample.prediction[match] if match is not None else ""
-            recovered = {normalized(w) for w in prediction.split()}
+        recovered = {normalized(w) for prediction in sample.prediction for w in prediction.split()}
+        for reference in sample.reference:
             for word in reference.split():
                 if normalized(word) and any(p.search(word) for p in patterns):
                     total += 1

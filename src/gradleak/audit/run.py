@@ -175,8 +175,12 @@ def _why(attack: str, record: Record) -> str:
         ranks = sorted({s.info.get("rank_layer1") for s in record.scored} - {None})
         if ranks and ranks[-1] == 0:
             return "no low-rank span was left to test tokens against (rank cut at 0)"
+        rank = f"{ranks[0]}" + (f"-{ranks[-1]}" if len(ranks) > 1 else "") if ranks else ""
+        if any("tokens" in s.info for s in record.scored):
+            return (f"layer 1's update has rank {rank}, as many as its gradient rows (LoRA): a "
+                    "slice of the batch's inputs, read by sparse recovery for the batch's "
+                    "tokens, not its sentences")  # fmt: skip
         if ranks:
-            rank = f"{ranks[0]}" + (f"-{ranks[-1]}" if len(ranks) > 1 else "")
             return (f"layer 1's update has rank {rank}, the distinct token inputs of the batch, "
                     "below the model's width: every vocabulary token can be tested against the "
                     "update's span")  # fmt: skip

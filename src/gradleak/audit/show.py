@@ -86,7 +86,8 @@ def print_audit(result: AuditResult, console: Console) -> None:
     t = result.thresholds
     console.print(
         shown(
-            f"thresholds: exact <= {t.max_exact:g}%, ROUGE-2 <= {t.max_rouge2:g}; budget "
+            f"thresholds: exact <= {t.max_exact:g}%, ROUGE-2 <= {t.max_rouge2:g}, secret words <= "
+            f"{t.max_secrets}; budget "
             f"{duration(result.budget_s)}, used {duration(result.seconds)}; results in "
             f"{result.folder} (gradleak report {result.folder})"
         ),

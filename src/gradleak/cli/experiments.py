@@ -318,6 +318,9 @@ def audit(
         float, typer.Option(help="accepted % of sentences recovered exactly")
     ] = 0.0,
     max_rouge2: Annotated[float, typer.Option(help="accepted ROUGE-2 (strict, percent)")] = 10.0,
+    max_secrets: Annotated[
+        int, typer.Option(help="accepted secret words recovered (the setup's sensitive:)")
+    ] = 0,
     attacks: Annotated[
         str, typer.Option(help="attacks to try, comma-separated")
     ] = "dager,lamp-cos,tag",
@@ -346,7 +349,7 @@ def audit(
 
         with kept_global_state(threads), err_console.status("auditing") as status:
             result = run_audit(setup, out, budget_s=seconds, attacks=chosen,
-                               thresholds=Thresholds(max_exact, max_rouge2),
+                               thresholds=Thresholds(max_exact, max_rouge2, max_secrets),
                                say=lambda message: status.update(message))  # fmt: skip
         report = write_report(result.folder)
         page = write_audit_html(result, result.folder / "audit.html")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sqlite3
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
 from gradleak.audit import Thresholds, read_setup, run_audit
+from gradleak.audit.result import AttackOutcome, Mitigation, leakage_of
 from gradleak.audit.run import MIN_RECORDS, mitigation_candidates
 from gradleak.audit.show import parse_budget, write_audit_html
 from gradleak.cli import app
@@ -168,3 +170,26 @@ def test_a_setup_name_cannot_leave_the_runs_folder(tmp_path, name):
     with pytest.raises(GradleakError, match="cannot name a folder"):
         run_audit(path)  # refused before anything is written
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("*/results.sqlite"))
+
+
+def test_a_secret_in_any_reconstruction_of_its_batch_has_leaked():
+    """Words laid out in other sentences than theirs (a bag of tokens) still leak: the audit
+    counts them, and a recovered secret is over the default thresholds by itself."""
+    strict = SimpleNamespace(exact_match=0.0, rouge1=30.0, rouge2=0.0)
+    sample = SimpleNamespace(
+        reference=["maria lopez was diagnosed in may.", "the code is 4921."],
+        prediction=["code the is 4921 in", "maria may diagnosed lopez was"],
+        matching=[0, 1],  # each reference paired with the other sentence's words
+    )
+    record = SimpleNamespace(metrics=SimpleNamespace(strict=strict), scored=[sample])
+    leak = leakage_of(record, ["maria", r"\d"])
+    assert leak.secrets == ["maria", "4921."] and leak.secrets_total == 2
+    assert leak.over(Thresholds()) and not leak.over(Thresholds(max_secrets=2))
+    nothing = leakage_of(record, ["okafor"])
+    assert nothing.secrets == [] and not nothing.over(Thresholds())
+
+
+def test_a_change_whose_setup_failed_is_not_under_the_thresholds():
+    failed = AttackOutcome("dager", "failed", "the dataset is too small for B=16")
+    mitigation = Mitigation("larger client batches: B=16", {"batch_size": 16}, [failed])
+    assert mitigation.below(Thresholds()) is None  # not measured, so not a fix
