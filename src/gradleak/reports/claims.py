@@ -232,9 +232,16 @@ def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
     left = [kept.remaining for kept in cells]
     inputs, seconds = sum(e.remaining for e in left), sum(e.seconds for e in left)
     if inputs:
+        guessed = sum(e.remaining for e in left if not e.measured)
+        guess = (
+            f"; {guessed} of them in cells with no input kept yet, priced by the cost model's "
+            "guess (`~` in the table)"
+            if guessed
+            else ""
+        )
         lines.append(
             f"Left to run: {inputs} inputs, about {duration(seconds)} on one CPU core (`gradleak "
-            "run` on the experiment file resumes from the kept inputs)."
+            f"run` on the experiment file resumes from the kept inputs){guess}."
         )
     return lines
 
