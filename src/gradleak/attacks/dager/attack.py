@@ -39,6 +39,7 @@ from typing import ClassVar, Literal
 import torch
 
 from gradleak.attacks.base import Attack, Reconstruction, Refusal
+from gradleak.attacks.dager.bag import token_bag
 from gradleak.attacks.dager.check import DagerPlan, LayerCheck, layer_check, rank_cut
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
@@ -57,7 +58,6 @@ from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.attacks.dager.sparse import (
     SHORTLIST,
     arranged,
-    sparse_pairs,
     sparse_sentences,
     sparse_tokens,
     weighted_slice,
@@ -162,12 +162,17 @@ class DagerAttack(Attack[DagerSettings]):
             end = end_model(update, knowledge) if several_steps(update) else None
             if end is not None:
                 layer1 = replace(layer1, drift=layer1_drift(hf, end, gm.adapter))
+            if self._bag_applies(update, knowledge) and layer1.full_slice:
+                pairs, note = token_bag(hf, gm.adapter, plan.layer1, self.settings.max_length)
+                state.notes.append(note)
+                rows = [(ids, None) for ids in arranged(pairs, knowledge.batch_size)]
+                reconstruction = self._reconstruction(rows, plan, state)
+                reconstruction.info["tokens"] = sorted({token for token, _ in pairs})
+                return reconstruction
             within = moved_tokens(update, knowledge) if self.settings.embedding_rows else None
             placed = placed_tokens(update, knowledge, within) if within is not None else None
             if placed is not None:
                 state.least_alive = placed.least_alive()
-            if self._bag_applies(update, knowledge) and layer1.full_slice:
-                return self._token_bag(hf, knowledge, plan, state)
             sparse = self._sparse_applies(update, knowledge)
             if sparse and layer1.sliced:
                 candidates = [self._sparse_tokens(hf, knowledge, layer1, state)]
@@ -245,38 +250,6 @@ class DagerAttack(Attack[DagerSettings]):
         (``_token_bag``): on a clean gradient, when the setting allows."""
         clean = update.kind == "gradient" and not knowledge.defenses
         return self.settings.sparse and not knowledge.global_model.adapter.is_decoder and clean
-
-    def _token_bag(
-        self,
-        hf: torch.nn.Module,
-        knowledge: ServerKnowledge,
-        plan: DagerPlan,
-        state: SearchState,
-    ) -> Reconstruction:
-        """An encoder's sliced layer 1 read as the sparse support of (token, position)
-        pairs: the batch's tokens, laid out by position. Layer 2's slice does not order
-        them (docs/design/dager-sparse.md), so no sentence search follows."""
-        adapter = knowledge.global_model.adapter
-        embedding = adapter.token_embedding(hf).weight
-        positions = min(self.settings.max_length, adapter.max_positions(hf))
-
-        def inputs_at(ids: torch.Tensor, position: int) -> torch.Tensor:
-            at = torch.full((len(ids),), position, device=embedding.device)
-            return adapter.first_layer_input(hf, embedding[ids], at)
-
-        target = weighted_slice(plan.layer1.checks[0].span)
-        pairs, left = sparse_pairs(inputs_at, len(embedding), positions, target)
-        tokens = sorted({token for token, _ in pairs})
-        state.notes.append(
-            f"layer 1's span may be a slice (rank {plan.layer1.rank}, from fewer gradient "
-            f"rows than the hidden size): {len(tokens)} tokens at {len(pairs)} positions by "
-            f"sparse recovery, {left:.1e} of the slice left; the sentences are not "
-            "recovered: the tokens are laid out by position"
-        )
-        rows = arranged(pairs, knowledge.batch_size)
-        reconstruction = self._reconstruction([(ids, None) for ids in rows], plan, state)
-        reconstruction.info["tokens"] = tokens
-        return reconstruction
 
     def _sparse_tokens(
         self,
