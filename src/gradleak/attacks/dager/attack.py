@@ -247,7 +247,7 @@ class DagerAttack(Attack[DagerSettings]):
 
     def _bag_applies(self, update: UpdatePayload, knowledge: ServerKnowledge) -> bool:
         """Whether an encoder's sliced layer 1 is read by sparse recovery for its tokens
-        (``_token_bag``): on a clean gradient, when the setting allows."""
+        (``bag.token_bag``): on a clean gradient, when the setting allows."""
         clean = update.kind == "gradient" and not knowledge.defenses
         return self.settings.sparse and not knowledge.global_model.adapter.is_decoder and clean
 
