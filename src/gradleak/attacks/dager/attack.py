@@ -12,7 +12,8 @@
    2's distances from each possible first token and keep the sentences whose layer-2 inputs
    all lie in the span (``encoder.py``). On a plain FedSGD gradient each sentence an encoder
    search finds is taken off the update and the search goes on over the rest's spans
-   (``peel.py``, an extension of the paper).
+   (``peel.py``, an extension of the paper); under public noise a decoder's finished
+   sentences are checked whole against the embedding rows (``confirm.py``, an extension).
 4. Where a rotary decoder's clean gradient spans a layer from fewer rows than the hidden size
    (LoRA's A-gradients, after round 1), a batch with more inputs than rows leaves only a slice
    of their span: the tokens and the prefixes are then read as the slice's sparse support
@@ -41,9 +42,10 @@ import torch
 from gradleak.attacks.base import Attack, Reconstruction, Refusal
 from gradleak.attacks.dager.bag import token_bag
 from gradleak.attacks.dager.check import DagerPlan, LayerCheck, layer_check, rank_cut
+from gradleak.attacks.dager.confirm import batch_rows, confirmed_batch
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
-from gradleak.attacks.dager.embedding import moved_tokens
+from gradleak.attacks.dager.embedding import moved_tokens, noise_moved_rows
 from gradleak.attacks.dager.encoder import EncoderSearch
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.positions import placed_tokens
@@ -202,7 +204,12 @@ class DagerAttack(Attack[DagerSettings]):
                 else:
                     search = DecoderSearch(hf, gm.adapter, layer2, self.settings, state)
                     found = search.run(candidates, knowledge.tokenizer, knowledge.batch_size, start)
-                sentences = pick_distinct(found, knowledge.batch_size)
+                noised = self.settings.confirm_rows and noise_moved_rows(knowledge)
+                rows = batch_rows(update, knowledge) if noised else None
+                if rows is None:
+                    sentences = pick_distinct(found, knowledge.batch_size)
+                else:
+                    sentences = confirmed_batch(rows, found, update, knowledge, state)
             elif self.settings.peel and peelable(update, knowledge) and exact_count:
                 sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
             else:

@@ -78,13 +78,13 @@ def pick_distinct(
     ranked = sorted(sentences, key=lambda item: item[1])
     chosen: list[tuple[list[int], float]] = []
     for ids, score in ranked:
-        if len(chosen) < batch_size and not any(_one_edit(ids, c) for c, _ in chosen):
+        if len(chosen) < batch_size and not any(one_edit(ids, c) for c, _ in chosen):
             chosen.append((ids, score))
     rest = [item for item in ranked if item not in chosen]
     return pick_batch(chosen + rest[: max(0, batch_size - len(chosen))], batch_size)
 
 
-def _one_edit(ids: list[int], other: list[int]) -> bool:
+def one_edit(ids: list[int], other: list[int]) -> bool:
     """Whether ``ids`` equals ``other`` or differs from it by one token inserted, deleted or
     replaced."""
     if abs(len(ids) - len(other)) > 1:

@@ -53,6 +53,13 @@ class DagerSettings(AttackSettings):
         "gradient only those its word and position rows place at a position (not in the "
         "paper)",
     )
+    confirm_rows: bool = Field(
+        True,
+        description="decoders on a FedSGD classification gradient under public noise: "
+        "sentences whose own embedding-row gradients match the update's rows go into the "
+        "batch first, with the search's prefixes a token short or long completed (not in "
+        "the paper)",
+    )
     sentence_layer: int | None = Field(
         None,
         ge=2,

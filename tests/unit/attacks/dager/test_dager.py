@@ -317,6 +317,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "encoder_sweeps": 8,
         "peel": True,
         "embedding_rows": True,
+        "confirm_rows": True,
         "sentence_layer": None,
         "sparse": True,
         "chunk": 256,
