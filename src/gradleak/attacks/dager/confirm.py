@@ -13,8 +13,9 @@ clip); anything else misses at every token (measured: docs/design/dager-noise.md
 
 A confirmed sentence is taken off the rows, so that tokens it shares with others can speak
 for the others next. The candidates are the prefix search's finished prefixes and their
-one-token completions (a token appended, a token dropped): under noise the search most
-often stops a token short of a sentence or runs a token past it.
+one-token completions (a token appended, dropped or replaced, as the model's own next-token
+prior proposes): under noise the search most often stops a token short of a sentence or lets
+in a token that is not the sentence's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradleak.attacks.adaptive import defense_names
-from gradleak.attacks.dager.embedding import ADDITIVE, table_update
+from gradleak.attacks.dager.embedding import ADDITIVE, noise_row_cut, table_update
 from gradleak.attacks.dager.peel import classes
 from gradleak.attacks.dager.search import SearchState, one_edit, pick_distinct
 from gradleak.defenses import noise_std
@@ -88,9 +89,8 @@ class BatchRows:
             if row is None:
                 return None  # a token the batch does not hold
             power = float(own @ own)
-            if power == 0.0 or float(torch.linalg.vector_norm(row)) < EVIDENCE * self.tolerance(
-                row
-            ):
+            strength = float(torch.linalg.vector_norm(row))
+            if power == 0.0 or strength < EVIDENCE * self.tolerance(row):
                 continue
             scales.append(float(row @ own) / power)
             evidence.append(token)
@@ -133,8 +133,9 @@ def batch_rows(update: UpdatePayload, knowledge: ServerKnowledge) -> BatchRows |
     std = noise_std(knowledge.defenses, tensor, metadata=metadata)
     table = tensor.to(torch.float64)
     norms = torch.linalg.vector_norm(table, dim=1)
-    floor = std * (math.sqrt(table.shape[1]) + NOISE_MARGIN)
-    moved = torch.nonzero(norms > EVIDENCE * floor if std > 0 else norms > 0).flatten()
+    # The batch's tokens: the rows above what the table's noise alone reaches (``embedding.py``).
+    moved = torch.nonzero(norms > noise_row_cut(std, *table.shape) if std > 0 else norms > 0)
+    moved = moved.flatten()
     if len(moved) == 0 or 2 * len(moved) > len(table):
         return None
     return BatchRows({int(t): table[t] for t in moved}, std, table.shape[1])
