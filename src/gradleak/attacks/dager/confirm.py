@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradleak.attacks.adaptive import defense_names
-from gradleak.attacks.dager.embedding import ADDITIVE, noise_row_cut, table_update
+from gradleak.attacks.dager.embedding import moved_tokens, table_update
 from gradleak.attacks.dager.peel import classes
 from gradleak.attacks.dager.search import SearchState, one_edit, pick_distinct
 from gradleak.defenses import noise_std
@@ -124,20 +123,14 @@ def batch_rows(update: UpdatePayload, knowledge: ServerKnowledge) -> BatchRows |
         and gm.task == "classification"
         and gm.adapter.is_decoder
         and no_dropout
-        and ADDITIVE.issuperset(defense_names(knowledge.defenses))
     ):
         return None
-    tensor = table_update(update, gm, gm.adapter.token_embedding(unwrap(gm.model)).weight)
-    if tensor is None:
+    moved = moved_tokens(update, knowledge)  # the batch's tokens: rows above the noise
+    if moved is None:
         return None
+    tensor = table_update(update, gm, gm.adapter.token_embedding(unwrap(gm.model)).weight)
     std = noise_std(knowledge.defenses, tensor, metadata=metadata)
     table = tensor.to(torch.float64)
-    norms = torch.linalg.vector_norm(table, dim=1)
-    # The batch's tokens: the rows above what the table's noise alone reaches (``embedding.py``).
-    moved = torch.nonzero(norms > noise_row_cut(std, *table.shape) if std > 0 else norms > 0)
-    moved = moved.flatten()
-    if len(moved) == 0 or 2 * len(moved) > len(table):
-        return None
     return BatchRows({int(t): table[t] for t in moved}, std, table.shape[1])
 
 
