@@ -6,6 +6,7 @@ dummy batch equal to the private one yields exactly the client's gradient (a tes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -107,11 +108,11 @@ def encode_examples(
         )
     if tokenizer.pad_token_id is None:
         raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
-    input_ids = _padded(rows, longest, tokenizer.pad_token_id)
-    attention_mask = _padded([[1] * len(row) for row in rows], longest, 0)
+    input_ids = right_padded(rows, longest, tokenizer.pad_token_id)
+    attention_mask = right_padded([[1] * len(row) for row in rows], longest, 0)
     token_type_ids = None
     if "token_type_ids" in enc:
-        token_type_ids = _padded(enc["token_type_ids"], longest, 0)
+        token_type_ids = right_padded(enc["token_type_ids"], longest, 0)
     labels = _labels(enc, examples, task)
     return EncodedBatch(input_ids, attention_mask, labels, token_type_ids)
 
@@ -137,8 +138,8 @@ def _encode_token_ids(
         raise GradleakError("a next-token sample needs at least 2 tokens: raise --chunk-tokens")
     if tokenizer.pad_token_id is None:
         raise GradleakError("the tokenizer has no pad token and no EOS to pad with")
-    input_ids = _padded(rows, longest, tokenizer.pad_token_id)
-    attention_mask = _padded([[1] * len(row) for row in rows], longest, 0)
+    input_ids = right_padded(rows, longest, tokenizer.pad_token_id)
+    attention_mask = right_padded([[1] * len(row) for row in rows], longest, 0)
     return EncodedBatch(input_ids, attention_mask, raw_tokens=True)
 
 
@@ -161,11 +162,13 @@ def _tokenize(tokenizer, examples: list[Example], task: str, limit: int, truncat
     return tokenizer([ex.text for ex in examples], padding=False, truncation=True, max_length=cut)
 
 
-def _padded(rows: list[list[int]], length: int, fill: int) -> torch.Tensor:
+def right_padded(
+    rows: Sequence[Sequence[int]], length: int, fill: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """``rows`` as a ``[len(rows), length]`` long tensor, right-padded with ``fill``."""
-    out = torch.full((len(rows), length), fill, dtype=torch.long, device="cpu")
+    out = torch.full((len(rows), length), fill, dtype=torch.long, device=device)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
+        out[i, : len(row)] = torch.tensor(list(row), dtype=torch.long, device=device)
     return out
 
 

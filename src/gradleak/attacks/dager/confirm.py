@@ -33,7 +33,7 @@ from gradleak.defenses import noise_std
 from gradleak.federated.client import GlobalModel, client_mode
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
-from gradleak.models.tasks import EncodedBatch, unwrap
+from gradleak.models.tasks import EncodedBatch, right_padded, unwrap
 
 # A row of noise alone lies within ``std * (sqrt(width) + NOISE_MARGIN)`` of its mean with
 # probability about 1 - 1e-3 (a Gaussian vector's norm is 1-Lipschitz).
@@ -289,11 +289,8 @@ def _likeliest(prior: torch.Tensor, bag: torch.Tensor, other_than: int | None) -
 def _padded(sentences: list[list[int]], pad: int, label: int, device) -> EncodedBatch:
     """Sentences right-padded as a client's batch is."""
     longest = max(len(ids) for ids in sentences)
-    input_ids = torch.full((len(sentences), longest), pad, dtype=torch.long, device=device)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(sentences):
-        input_ids[row, : len(ids)] = torch.tensor(ids, device=device)
-        mask[row, : len(ids)] = 1
+    input_ids = right_padded(sentences, longest, pad, device)
+    mask = right_padded([[1] * len(ids) for ids in sentences], longest, 0, device)
     labels = {"label": torch.full((len(sentences),), label, device=device)}
     return EncodedBatch(input_ids, mask, labels)
 
