@@ -29,6 +29,7 @@ import torch
 from gradleak.attacks.dager.embedding import moved_tokens, table_update
 from gradleak.attacks.dager.peel import classes
 from gradleak.attacks.dager.search import SearchState, one_edit, pick_distinct
+from gradleak.attacks.optimization.discrete.prior import document_token
 from gradleak.defenses import noise_std
 from gradleak.federated.client import GlobalModel, client_mode
 from gradleak.federated.payload import UpdatePayload
@@ -103,6 +104,16 @@ class BatchRows:
         )
         return scale if matched >= max(1, math.ceil(len(evidence) / 2)) else None
 
+    def spent_tokens(self) -> set[int]:
+        """The confirmed sentences' tokens whose rows they explain whole (what is left lies
+        within the noise): no other sentence of the batch holds them."""
+        theirs = {token for sentence in self.confirmed for token in sentence.ids}
+        return {
+            token
+            for token in theirs
+            if float(torch.linalg.vector_norm(self.rows[token])) <= self.tolerance(self.rows[token])
+        }
+
     def take_off(self, ids: list[int], gradients: dict[int, torch.Tensor], scale: float) -> None:
         """Remove a confirmed sentence's share from the rows."""
         for token, own in gradients.items():
@@ -143,7 +154,8 @@ def confirmed_batch(
 ) -> list[tuple[list[int], float | None]]:
     """The batch among a decoder search's finished prefixes (``found``, with their layer-2
     distances): the sentences the rows confirm first, then the search's own picks among the
-    rest (none within one edit of a confirmed sentence)."""
+    rest (none within one edit of a confirmed sentence, none holding a token the confirmed
+    ones explain whole)."""
     size = knowledge.batch_size
     seeds = [ids for ids, _ in sorted(found, key=lambda item: item[1])[:ROW_SEEDS]]
     labels = classes(knowledge)
@@ -151,7 +163,12 @@ def confirmed_batch(
     mode = update.metadata.get("mode", "eval")
     confirmed = confirm(rows, knowledge.global_model, mode, seeds, labels, size)
     state.notes.append(f"{len(confirmed)} of {size} sentences confirmed by the embedding rows")
-    rest = [item for item in found if not any(one_edit(item[0], c.ids) for c in confirmed)]
+    spent = rows.spent_tokens()
+    rest = [
+        item
+        for item in found
+        if spent.isdisjoint(item[0]) and not any(one_edit(item[0], c.ids) for c in confirmed)
+    ]
     return [(c.ids, 0.0) for c in confirmed] + pick_distinct(rest, size - len(confirmed))
 
 
@@ -172,7 +189,12 @@ def confirm(
     bag = sorted(rows.rows)
 
     def check(candidates: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-        new = [c for c in dict.fromkeys(map(tuple, candidates)) if c and c not in checked]
+        spent = rows.spent_tokens()
+        new = [
+            c
+            for c in dict.fromkeys(map(tuple, candidates))
+            if c and c not in checked and spent.isdisjoint(c)
+        ]
         new = new[: max(0, CHECK_BUDGET - len(checked))]
         own = own_rows(gm, mode, [list(c) for c in new], labels, bag)
         checked.update(zip(new, own, strict=True))
@@ -244,12 +266,14 @@ def own_rows(
     """Each sentence's own loss gradient at its inputs, summed per token, under each label,
     computed as the client computes its loss (``mode``, its padding), a chunk of sentences per
     pass. Where the model's output embedding is its input table (a tied language-model head,
-    as SmolLM2's), the same pass ranks the batch's ``tokens`` as the sentence's next and its
-    own tokens by how little the model expected each; elsewhere they keep their order."""
+    as SmolLM2's), a forward pass of the sentence read as a document ranks the batch's
+    ``tokens`` as its next and its own tokens by how little the model expected each;
+    elsewhere they keep their order."""
     model = unwrap(gm.model)
     embedding = gm.adapter.token_embedding(model)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     pad = gm.victim.tokenizer.pad_token_id
+    marker = document_token(gm.victim.tokenizer, model, "bos")
     bag = torch.tensor(list(tokens), device=gm.device)
     out: list[OwnRows] = []
     for first in range(0, len(sentences), CHUNK):
@@ -258,11 +282,11 @@ def own_rows(
         per_label = []
         for label in labels:
             batch.labels = {"label": torch.full((len(chunk),), label, device=gm.device)}
-            grads, hidden = _input_gradients(gm, model, embedding, batch, mode)
-            per_label.append(grads)
+            per_label.append(_input_gradients(gm, model, embedding, batch, mode))
+        hidden = _prior_states(gm, model, batch, marker) if tied else None
         for row, ids in enumerate(chunk):
             rows_ = [_summed(ids, grads[row]) for grads in per_label]
-            if tied:
+            if hidden is not None:
                 scores = hidden[row, : len(ids)] @ embedding.weight.T  # [L, vocab]
                 prior = scores.log_softmax(dim=-1)
                 following = torch.tensor(ids[1:], device=gm.device)
@@ -306,9 +330,8 @@ def _summed(ids: list[int], grads: torch.Tensor) -> dict[int, torch.Tensor]:
 
 def _input_gradients(
     gm: GlobalModel, model, embedding, batch: EncodedBatch, mode: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """d(sum of the examples' losses) / d(token embedding output) ``[n, L, d]`` (float64),
-    and the backbone's last hidden states ``[n, L, d]`` of the same pass."""
+) -> torch.Tensor:
+    """d(sum of the examples' losses) / d(token embedding output) ``[n, L, d]`` (float64)."""
     captured: list[torch.Tensor] = []
 
     def take_input(_module, _args, output):
@@ -316,18 +339,26 @@ def _input_gradients(
         captured.append(output)
         return output
 
-    def take_hidden(_module, _args, output):
-        captured.append(output[0].detach())
-
-    handles = [
-        embedding.register_forward_hook(take_input),
-        gm.adapter.backbone(model).register_forward_hook(take_hidden),
-    ]
+    handle = embedding.register_forward_hook(take_input)
     try:
         with torch.enable_grad(), client_mode(model, mode):
             losses = gm.example_losses(model, batch)
             (grads,) = torch.autograd.grad(losses.sum(), captured[0])
     finally:
-        for handle in handles:
-            handle.remove()
-    return grads.to(torch.float64), captured[1]
+        handle.remove()
+    return grads.to(torch.float64)
+
+
+def _prior_states(gm: GlobalModel, model, batch: EncodedBatch, marker: int | None) -> torch.Tensor:
+    """The backbone's last hidden states ``[n, L, d]`` at the sentences' positions, read as
+    a document: after the tokenizer's document marker where it has one (without it the
+    model guesses the first words badly: SmolLM2 ranked "riet" after "Har" 30th of a batch's
+    31 tokens, first after ``<|endoftext|>``)."""
+    input_ids, mask = batch.input_ids, batch.attention_mask
+    if marker is not None:
+        column = torch.full_like(input_ids[:, :1], marker)
+        input_ids = torch.cat([column, input_ids], dim=1)
+        mask = torch.cat([torch.ones_like(column), mask], dim=1)
+    with torch.no_grad(), client_mode(model, "eval"):
+        hidden = gm.adapter.backbone(model)(input_ids=input_ids, attention_mask=mask)[0]
+    return hidden[:, 1:] if marker is not None else hidden

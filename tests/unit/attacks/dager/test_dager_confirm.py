@@ -65,6 +65,16 @@ def test_confirm_completes_a_prefix_a_token_short_and_drops_a_repeat(tiny_victim
     assert sorted(c.ids for c in found) == sorted([first, second])
 
 
+def test_a_confirmed_sentence_spends_the_tokens_no_other_sentence_holds(tiny_victim):
+    update, knowledge, (first, second) = noised_round(tiny_victim("tiny-llama"), sigma=0.1)
+    rows = batch_rows(update, knowledge)
+    assert rows.spent_tokens() == set()
+    confirm(rows, knowledge.global_model, "train", [first], [0], limit=1)
+    assert [c.ids for c in rows.confirmed] == [first]
+    # the tokens the second sentence shares with it keep that one's share of their rows
+    assert rows.spent_tokens() == set(first) - set(second) and rows.spent_tokens()
+
+
 def test_dager_under_noise_recovers_the_batch_the_search_alone_misses(tiny_victim):
     """The whole attack under relative noise 0.03: the prefix search alone lets a token past
     one sentence's end; the rows confirm the other and complete this one."""
