@@ -12,10 +12,11 @@ the noise, up to one scale (the 1/B of the mean, the label's softmax error, a pe
 clip); anything else misses at every token (measured: docs/design/dager-noise.md).
 
 A confirmed sentence is taken off the rows, so that tokens it shares with others can speak
-for the others next; the tokens it alone holds are then spent (their rows are explained). The candidates are the prefix search's finished prefixes and their
-one-token completions (a token appended, dropped or replaced, as the model's own next-token
-prior proposes): under noise the search most often stops a token short of a sentence or lets
-in a token that is not the sentence's.
+for the others next; the tokens it alone holds are then spent (their rows are explained).
+The candidates are the prefix search's finished prefixes and their one-token completions (a
+token appended, dropped or replaced, as the model's own next-token prior proposes): under
+noise the search most often stops a token short of a sentence or lets in a token that is not
+the sentence's.
 """
 
 from __future__ import annotations
