@@ -352,9 +352,8 @@ def _input_gradients(
 
 def _prior_states(gm: GlobalModel, model, batch: EncodedBatch, marker: int | None) -> torch.Tensor:
     """The backbone's last hidden states ``[n, L, d]`` at the sentences' positions, read as
-    a document: after the tokenizer's document marker where it has one (without it the
-    model guesses the first words badly: SmolLM2 ranked "riet" after "Har" 30th of a batch's
-    31 tokens, first after ``<|endoftext|>``)."""
+    a document: after the tokenizer's document marker where it has one, without which a
+    model guesses a text's first words badly (docs/design/dager-noise.md)."""
     input_ids, mask = batch.input_ids, batch.attention_mask
     if marker is not None:
         column = torch.full_like(input_ids[:, :1], marker)
