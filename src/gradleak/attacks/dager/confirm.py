@@ -30,11 +30,11 @@ import torch
 from gradleak.attacks.dager.embedding import moved_tokens, table_update
 from gradleak.attacks.dager.peel import classes
 from gradleak.attacks.dager.search import SearchState, one_edit, pick_distinct
-from gradleak.attacks.optimization.discrete.prior import document_token
 from gradleak.defenses import noise_std
 from gradleak.federated.client import GlobalModel, client_mode
 from gradleak.federated.payload import UpdatePayload
 from gradleak.federated.server import ServerKnowledge
+from gradleak.models.markers import document_token
 from gradleak.models.tasks import EncodedBatch, right_padded, unwrap
 
 # A row of noise alone lies within ``std * (sqrt(width) + NOISE_MARGIN)`` of its mean with

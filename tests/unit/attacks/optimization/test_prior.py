@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradleak.attacks.optimization.discrete.prior import CausalLMPrior, document_token, prefix_trees
+from gradleak.attacks.optimization.discrete.prior import CausalLMPrior, prefix_trees
+from gradleak.models.markers import document_token
 from tests.helpers import word_level_lm
 
 

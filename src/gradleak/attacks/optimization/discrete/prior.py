@@ -27,15 +27,11 @@ from transformers import PreTrainedTokenizerBase
 
 from gradleak.errors import GradleakError
 from gradleak.models.loading import load_victim
+from gradleak.models.markers import document_token
 
-# A candidate is scored as a whole document: after a start token and followed by an end token,
-# as LAMP's BERT-vocabulary GPT-2 read [CLS] text [SEP] (the end rewards a sentence that ends
-# where sentences end, e.g. at its full stop). Instruct tokenizers name chat-turn markers as BOS
-# and EOS; after <|im_start|> the model expects a role name ("user"), not text, so the document
-# separator of their pretraining is used instead (benchmarks/MEASURED.md has what that changes
-# for SmolLM2-135M-Instruct).
-CHAT_TURN_MARKERS = frozenset({"<|im_start|>", "<|im_end|>"})
-DOCUMENT_SEPARATOR = "<|endoftext|>"
+# A candidate is scored as a whole document: after a start token and followed by an end token
+# (``document_token``), as LAMP's BERT-vocabulary GPT-2 read [CLS] text [SEP] (the end rewards
+# a sentence that ends where sentences end, e.g. at its full stop).
 
 Row = tuple[int, ...]
 
@@ -267,18 +263,6 @@ class CausalLMPrior:
         token_nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         token_nll = token_nll.masked_fill(~valid, 0.0)
         return token_nll.sum(dim=1).double(), valid.sum(dim=1).double()
-
-
-def document_token(tokenizer: PreTrainedTokenizerBase, model: nn.Module, which: str) -> int | None:
-    """The token before (``which="bos"``) or after (``"eos"``) a scored text: the tokenizer's,
-    or the document separator where that is a chat-turn marker; None when there is none."""
-    vocab = tokenizer.get_vocab()
-    if getattr(tokenizer, f"{which}_token") in CHAT_TURN_MARKERS and DOCUMENT_SEPARATOR in vocab:
-        return vocab[DOCUMENT_SEPARATOR]
-    token_id = getattr(tokenizer, f"{which}_token_id")
-    if token_id is None:  # a config's id may be a default outside this vocabulary (GPT-2's)
-        token_id = getattr(model.config, f"{which}_token_id", None)
-    return token_id if isinstance(token_id, int) and 0 <= token_id < len(tokenizer) else None
 
 
 def _accepts(model: nn.Module, argument: str) -> bool:
