@@ -9,8 +9,11 @@ candidates this way.
 
 from __future__ import annotations
 
-from torch import nn
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI's listings read DOCUMENT_SEPARATOR without loading torch
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 CHAT_TURN_MARKERS = frozenset({"<|im_start|>", "<|im_end|>"})
 # SmolLM2's document separator: the base SmolLM2 models' BOS and EOS (token 0).
