@@ -52,6 +52,7 @@ from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.refusals import (
     defense_refusal,
     full_rank_refusal,
+    optimizer_refusal,
     pruning_refusal,
     require_scenario,
 )
@@ -81,11 +82,11 @@ class DagerAttack(Attack[DagerSettings]):
 
     def check(self, update: UpdatePayload, knowledge: ServerKnowledge) -> DagerPlan | Refusal:
         """Layer 1's and layer 2's span checks, or a refusal when one of them has full rank
-        (the batch holds too many distinct tokens for an exact check), when a public sign
-        compression left no low-rank structure, or when public pruning kept too few rows
-        whole to span the inputs (``check.py``)."""
+        (the batch holds too many distinct tokens for an exact check), when an Adam client's
+        steps or a public sign compression left no low-rank structure, or when public pruning
+        kept too few rows whole to span the inputs (``check.py``)."""
         require_scenario(knowledge.global_model)
-        refusal = defense_refusal(knowledge.defenses)
+        refusal = optimizer_refusal(update) or defense_refusal(knowledge.defenses)
         if refusal is not None:
             return refusal
         layers: list[LayerCheck] = []

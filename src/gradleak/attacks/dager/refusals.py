@@ -3,7 +3,10 @@
 * the model: a two-layer classifier leaves its second layer's span short of its inputs;
 * public sign compression: the signs of a rank-r gradient are not of rank r (``sign`` is not
   linear), so no span is left to check; pruning whose zeros later noise hides;
-* a span of full rank (the batch, an Adam client, a float32 delta cut below its rounding, a
+* an Adam client's delta: each entry of its steps is divided by its own running scale, so it is
+  no sum of input outer products, full-model or LoRA (a LoRA delta's few rows would otherwise
+  pass for a slice of the inputs' span and give tokens at random);
+* a span of full rank (the batch, a float32 delta cut below its rounding, a
   defense's noise), or the rows pruning kept whole too few to span the inputs (``check.py``).
   So is a multi-step FedAvg delta whose extra directions (inputs that moved between local
   steps) lie above its rounding noise: approximate without pruning, unverifiable with it.
@@ -22,6 +25,14 @@ from gradleak.errors import GradleakError
 from gradleak.federated.client import GlobalModel
 from gradleak.federated.payload import UpdatePayload
 from gradleak.models.tasks import unwrap
+
+ADAM_REFUSAL = (
+    "dager cannot run on this update: an Adam client divides each entry of its steps by that "
+    "entry's own running scale (its first step is about lr times the gradient's sign), so its "
+    "delta is no sum of input outer products and holds no span of the inputs: attack a client "
+    "that steps with SGD (--optimizer sgd) or sends gradients, or an optimization attack with "
+    "--fedavg-match simulate"
+)
 
 SIGN_REFUSAL = (
     "dager cannot run on this update: sign compression destroys the low-rank structure "
@@ -54,6 +65,11 @@ HIDDEN_PRUNING_REFUSAL = (
     "and rows that pruning cut partly leave the inputs' span: attack a pruned update without "
     "noise after it"
 )
+
+
+def optimizer_refusal(update: UpdatePayload) -> Refusal | None:
+    """A refusal when the client's optimizer left no span in its delta (Adam)."""
+    return Refusal(ADAM_REFUSAL) if _adam_delta(update) else None
 
 
 def defense_refusal(defenses: tuple[Any, ...]) -> Refusal | None:
@@ -90,7 +106,7 @@ def full_rank_refusal(
     rank_tol: float | None = None,
 ) -> Refusal | None:
     """A refusal when one of the layer's spans is full, naming what can fill it: the client's
-    public ``defenses``, an Adam client's steps, the rounding of a float32 weight delta cut by
+    public ``defenses``, the rounding of a float32 weight delta cut by
     a fixed ``rank_tol`` (the default cut sits above that rounding), or the batch itself."""
     for one in check.checks:
         if not one.span.full:
@@ -104,13 +120,6 @@ def full_rank_refusal(
                 f"which fills every direction above --rank-tol {rank_tol:g}, or {cause}"
             )
             fix = "leave --rank-tol at its default (the rounding floor), or " + fix
-        if update is not None and _adam_delta(update):
-            cause = (
-                "an Adam client divides each entry of its steps by that entry's own running "
-                "scale (its first step is about lr times the gradient's sign), so its delta is "
-                f"no sum of input outer products and fills every direction, or {cause}"
-            )
-            fix = "attack a client that steps with SGD (--optimizer sgd) or sends gradients"
         if defenses:
             names = "+".join(d.name for d in defenses)
             cause = f"the client's defense ({names}) fills every direction, or {cause}"

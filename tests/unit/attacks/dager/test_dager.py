@@ -231,14 +231,22 @@ def test_a_fixed_cut_under_a_float32_deltas_rounding_is_refused_naming_the_round
     assert not isinstance(DagerAttack(fixed).check(update, knowledge), Refusal)
 
 
-def test_an_adam_clients_full_rank_delta_is_refused_naming_adam(tiny_victim):
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "roles": ("q", "v")}], ids=["full", "lora"])
+def test_an_adam_clients_delta_is_refused_naming_adam(tiny_victim, lora):
     """Adam scales every entry of a step by its own running statistics: the delta is no sum
-    of input outer products, and the refusal says so rather than blaming the batch."""
-    protocol = Protocol(mode="eval", algorithm="fedavg", epochs=2, optimizer="adam", lr=1e-3)
+    of input outer products. A full model's delta fills every direction; a LoRA delta's few
+    rows would pass for a slice of the inputs' span. Both are refused up front, saying why."""
+    protocol = Protocol(
+        mode="eval", algorithm="fedavg", epochs=2, optimizer="adam", lr=1e-3, lora=lora
+    )
     update, knowledge = client_round(tiny_victim("tiny-gpt2"), protocol)
     refusal = DagerAttack().check(update, knowledge)
-    assert isinstance(refusal, Refusal) and "full rank" in refusal.reason
-    assert "an Adam client" in refusal.reason and "--optimizer sgd" in refusal.reason
+    assert isinstance(refusal, Refusal) and "an Adam client" in refusal.reason
+    assert "--optimizer sgd" in refusal.reason and "--fedavg-match simulate" in refusal.reason
+    sgd = Protocol(mode="eval", algorithm="fedavg", epochs=2, lr=1e-3, lora=lora)
+    update, knowledge = client_round(tiny_victim("tiny-gpt2"), sgd)
+    checked = DagerAttack().check(update, knowledge)
+    assert not isinstance(checked, Refusal) or "Adam" not in checked.reason
 
 
 @pytest.mark.parametrize(("share", "missing"), [("1.qkv", "first"), ("0.qkv", "second")])
