@@ -162,6 +162,11 @@ class LayerCheck:
         shares = [c.span.inlier_fraction(c.rounded(inputs), extra) for c in self.plain]
         return torch.stack(shares).amax(dim=0)
 
+    def kept_share(self, inputs: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """The masked-copy program (see ``SpanBasis.kept_share``), best over the plain checks."""
+        shares = [c.span.kept_share(c.rounded(inputs), extra) for c in self.plain]
+        return torch.stack(shares).amax(dim=0)
+
 
 @dataclass
 class DagerPlan(Plan):

@@ -86,3 +86,9 @@ class DagerSettings(AttackSettings):
     shortlist: int = Field(
         64, ge=1, description="robust check: nearest tokens per position refitted (sparse fit)"
     )
+    masked_copies: bool = Field(
+        True,
+        description="robust check: a linear program over the dropout mask decides the open "
+        "tokens (the markers where the rows place none) that the sparse fit fails, such as a "
+        "[SEP] beside its copies one position away (off: the sparse fit alone)",
+    )

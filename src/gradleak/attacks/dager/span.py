@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy import sparse
+from scipy.optimize import linprog
 
 from gradleak.federated.arithmetic import rounding_std, spacing
 
@@ -104,6 +107,31 @@ class SpanBasis:
         out = [_sparse_fit(part, basis, iterations, tol) for part in flat.split(chunk)]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
 
+    def kept_share(
+        self, vectors: torch.Tensor, extra: torch.Tensor | None = None, tol: float = 1e-6
+    ) -> torch.Tensor:
+        """The largest share of each row's coordinates a masked copy of it in the span keeps.
+
+        A dropout-masked input ``m * x / (1 - p)`` is ``x`` scaled by ``s`` with ``s_i`` in
+        ``{0, 1}`` (up to the common scale). The linear program ``max sum_i s_i`` over
+        ``0 <= s <= 1`` with ``s * x`` in the span (within ``tol`` a coordinate, ``x`` of norm
+        1) reaches at least a true input's kept share, about ``1 - p``, wherever near twins
+        lie in the span beside it (the box bounds what mixtures of the twins can score),
+        where the sparse fit of ``inlier_fraction`` can settle on a mixture and miss it
+        (docs/design/dager-encoder.md, "Masked copies as a linear program"). A vector with no
+        masked copy in the span scores well under ``1 - p``. ``extra``: as for
+        ``inlier_fraction``. One program a row (scipy's HiGHS), several times the sparse fit's
+        cost: for the few candidates the fit cannot settle."""
+        basis = self.basis
+        if extra is not None and len(extra):
+            basis = torch.linalg.qr(torch.cat([basis, extra.to(torch.float64).T], dim=1)).Q
+        shape = vectors.shape[:-1]
+        flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
+        flat = flat / torch.linalg.vector_norm(flat, dim=-1, keepdim=True).clamp_min(1e-30)
+        dense = basis.cpu().numpy()
+        shares = [_kept_share(row.cpu().numpy(), dense, tol) for row in flat]
+        return torch.tensor(shares, dtype=torch.float64).reshape(shape)
+
 
 # The fit's smoothing: |r| + eps in the weights, eps shrinking by EPS_DECAY per iteration from
 # EPS_START (large first, so the first fits are near least squares and the later ones free
@@ -150,6 +178,21 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
             residual = torch.where(ok, fitted, residual)
         eps = max(eps * EPS_DECAY, EPS_FLOOR)
     return (residual.abs() < tol).to(torch.float64).mean(dim=-1)
+
+
+def _kept_share(x: np.ndarray, basis: np.ndarray, tol: float) -> float:
+    """``max mean(s)`` over ``0 <= s <= 1`` and coefficients ``c`` with ``|B c - s * x| <= tol``
+    in every coordinate (``SpanBasis.kept_share``); 0 where the solver fails."""
+    width, rank = basis.shape
+    rows = sparse.hstack([sparse.csr_matrix(basis), sparse.diags(-x)]).tocsr()
+    result = linprog(
+        np.concatenate([np.zeros(rank), -np.ones(width)]),
+        A_ub=sparse.vstack([rows, -rows]),
+        b_ub=np.full(2 * width, tol),
+        bounds=[(None, None)] * rank + [(0.0, 1.0)] * width,
+        method="highs-ds",
+    )
+    return float(-result.fun / width) if result.status == 0 else 0.0
 
 
 def _complement(basis: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ trains with input dropout the robust check refits the nearest tokens with a spar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,10 @@ from gradleak.federated.server import ServerKnowledge
 # fall among them, cutting true tokens; with the floor the gap above the true tokens decides
 # (the batch that showed it: docs/design/dager-encoder.md).
 TOKEN_FLOOR = 1e-5
+
+# How many binomial standard deviations under its mean kept share a true input may fall in
+# the masked-copy program (what true and false inputs scored: docs/design/dager-encoder.md).
+KEPT_SIGMAS = 4.0
 
 
 def token_candidates(
@@ -55,7 +60,12 @@ def token_candidates(
     # tokens the rows put there that layer 1 did not pass
 
     def passing(inputs: torch.Tensor, position: int | None = None) -> list[int]:
-        tokens = _passing(inputs, layer1, settings, dropout, directions, markers)
+        open_here = None
+        if placed is not None and position is not None:
+            open_here = placed.allowed(position) - placed.placed[position]
+        elif within is not None:
+            open_here = set(markers) & within
+        tokens = _passing(inputs, layer1, settings, dropout, directions, markers, open_here)
         if within is not None:
             dropped.update(t for t in tokens if t not in within)
             tokens = [t for t in tokens if t in within]
@@ -182,13 +192,17 @@ def _passing(
     dropout: float,
     norm_directions: torch.Tensor | None = None,
     markers: Sequence[int] = (),
+    open_tokens: set[int] | None = None,
 ) -> list[int]:
     """Rows of ``inputs`` (one per vocabulary token) that pass layer 1's check.
 
     Plain: the span distance under an adaptive (or fixed) cut. Robust (``dropout`` > 0):
     the ``shortlist`` nearest tokens and the ``markers`` are refitted sparsely; a true token is
     reproduced on about ``1 - dropout`` of its coordinates, any other on about ``rank / d``,
-    and the cut sits halfway between."""
+    and the cut sits halfway between. The fit can miss a masked copy with near twins in the
+    span (the [SEP]s of sentences one token apart); the masked-copy program
+    (``SpanBasis.kept_share``) then decides those the fit failed among ``open_tokens`` (the
+    tokens that may still sit here; the ``markers`` where nothing says)."""
     distances = layer1.distance(inputs, screened=True)
     if dropout == 0.0:
         cut = threshold(
@@ -210,4 +224,21 @@ def _passing(
     share = layer1.inlier_fraction(inputs[shortlist], norm_directions)
     fitted = layer1.rank + (0 if norm_directions is None else len(norm_directions))
     cut = ((1.0 - dropout) + fitted / inputs.shape[-1]) / 2
-    return shortlist[share >= cut].tolist()
+    passed = shortlist[share >= cut].tolist()
+    if not settings.masked_copies:
+        return passed
+    undecided = set(markers) if open_tokens is None else open_tokens
+    fitted_tokens = set(shortlist.tolist())
+    retry = [t for t in shortlist[share < cut].tolist() if t in undecided]
+    retry += sorted(undecided - fitted_tokens)
+    if retry:
+        kept = layer1.kept_share(inputs[retry], norm_directions).tolist()
+        least = kept_cut(dropout, inputs.shape[-1])
+        passed += [t for t, k in zip(retry, kept, strict=True) if k >= least]
+    return passed
+
+
+def kept_cut(dropout: float, width: int) -> float:
+    """The masked-copy program's cut: a true input keeps a binomial share of its ``width``
+    coordinates, ``1 - dropout`` on average; four standard deviations under it."""
+    return (1.0 - dropout) - KEPT_SIGMAS * math.sqrt(dropout * (1.0 - dropout) / width)

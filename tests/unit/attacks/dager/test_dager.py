@@ -332,6 +332,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "max_sequences": 200_000,
         "dropout_check": "auto",
         "shortlist": 64,
+        "masked_copies": True,
     }
     for bad in ({"projections": "qx"}, {"rank_tol": 0}, {"dropout_check": "l1"}, {"max_length": 1}):
         with pytest.raises(ValueError):

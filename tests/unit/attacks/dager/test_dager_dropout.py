@@ -9,7 +9,7 @@ import gradleak
 from gradleak.attacks.dager import DagerSettings, span_basis
 from gradleak.attacks.dager.check import LayerCheck, SpanCheck
 from gradleak.attacks.dager.span import _weighted_solve
-from gradleak.attacks.dager.tokens import _passing
+from gradleak.attacks.dager.tokens import _passing, kept_cut
 from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
 from tests.helpers import dager_attack
@@ -106,6 +106,49 @@ def test_robust_check_refits_the_tokenizer_markers_however_far_their_plain_dista
     assert 0 not in _passing(vocabulary, check, settings, dropout=0.1)
     assert 0 in _passing(vocabulary, check, settings, dropout=0.1, markers=[0])
     assert _passing(vocabulary, check, settings, dropout=0.1, markers=[0]) == [0]
+
+
+def _masked_twins(seed: int = 1, width: int = 128):
+    """Four masked copies of near twins (inputs 5% apart, as one marker at neighbouring
+    positions) among 20 other masked inputs, in the span of a gradient that reads them."""
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.randn(width, generator=generator, dtype=torch.float64)
+    twins = base + 0.05 * torch.randn(4, width, generator=generator, dtype=torch.float64)
+    others = torch.randn(20, width, generator=generator, dtype=torch.float64)
+    inputs = torch.cat([twins, others])
+    keep = torch.rand(inputs.shape, generator=generator) > 0.1
+    gradient = torch.randn(3 * width, len(inputs), generator=generator, dtype=torch.float64)
+    basis = span_basis([gradient @ (inputs * keep)], hidden_size=width)
+    return basis, twins, keep[:4].double().mean(dim=1)
+
+
+def test_the_masked_copy_program_keeps_what_a_twins_mask_kept_where_the_sparse_fit_mixes():
+    """The sparse fit settles on mixtures of near twins and misses three of the four; the
+    linear program over the mask reaches each one's kept share, and random vectors stay
+    far under the cut."""
+    basis, twins, kept = _masked_twins()
+    cut = kept_cut(0.1, twins.shape[-1])
+    assert (basis.inlier_fraction(twins) < cut).sum() >= 3
+    shares = basis.kept_share(twins)
+    assert (shares >= kept - 1e-9).all() and (shares >= cut).all()
+    random_rows = torch.randn(20, twins.shape[-1], generator=torch.Generator().manual_seed(5))
+    assert basis.kept_share(random_rows).max() < cut
+
+
+def test_the_program_decides_only_the_open_tokens_the_fit_failed_and_has_a_switch():
+    basis, twins, _ = _masked_twins()
+    check = LayerCheck([SpanCheck(basis)])
+    vocabulary = torch.cat([twins, torch.randn(100, twins.shape[-1], dtype=torch.float64)])
+    missed = [i for i in range(4) if basis.inlier_fraction(twins[i : i + 1])[0] < 0.5]
+    assert len(missed) >= 3
+    settings = DagerSettings(shortlist=8)
+    found = _passing(vocabulary, check, settings, dropout=0.1, open_tokens=set(range(4)))
+    assert set(found) == {0, 1, 2, 3}
+    assert set(_passing(vocabulary, check, settings, dropout=0.1, open_tokens=set())).isdisjoint(
+        missed
+    )
+    off = DagerSettings(shortlist=8, masked_copies=False)
+    assert set(_passing(vocabulary, check, off, 0.1, open_tokens=set(range(4)))).isdisjoint(missed)
 
 
 def test_train_mode_batch_of_two_is_recovered_through_dropout(tiny_victim):
