@@ -7,8 +7,9 @@ belongs to one of the batch's sentences, and with the rest of its sentence right
 token is the nearest of its position's candidates (docs/design/dager-encoder.md has both).
 So the batch is filled jointly: one slot per sentence, its length from the batch's token count
 (``lengths.py``), and at each position the slots still running share that position's
-candidates by a minimum-cost matching (a token goes to one slot unless the position has fewer
-candidates than slots), the cost being each slot's summed log layer-2 distance around the
+candidates by a minimum-cost matching (a token goes to one slot; where the position has fewer
+candidates than slots, each candidate to one slot at least and the slots left over to their
+best), the cost being each slot's summed log layer-2 distance around the
 position. A left-to-right fill against filler context, then sweeps until no slot changes,
 then exchanges of two slots' beginnings where they lower the two sentences' distances (each
 followed by sweeps).
@@ -39,19 +40,22 @@ class JointSearch(DescentSearch):
         options: Sequence[Sequence[int]],
         lengths: Sequence[int],
         context: Mapping[int, torch.Tensor],
+        owed: Sequence[set[int]] | None = None,
     ) -> list[Descent]:
         """One sentence per entry of ``lengths`` (special tokens included), filled from
         ``options`` (per position, the inner candidate tokens; position 0 unused).
-        ``context[L]`` is a length-L sentence's starting embeddings ([CLS], fillers, [SEP])."""
+        ``context[L]`` is a length-L sentence's starting embeddings ([CLS], fillers, [SEP]).
+        ``owed``: per position, the options some slot must take (default: all of them)."""
+        owed = owed if owed is not None else [set(choices) for choices in options]
         slots = [Descent([-1] * (length - 2), context[length].clone()) for length in lengths]
         longest = max(lengths)
         for position in range(1, longest - 1):
-            self._match(slots, position, options[position], (1, 0))
-        self._sweeps(slots, options)
+            self._match(slots, position, options[position], (1, 0), owed[position])
+        self._sweeps(slots, options, owed)
         for _ in range(len(slots)):  # an exchange a slot, at most
             if not self._cross(slots):
                 break
-            self._sweeps(slots, options)
+            self._sweeps(slots, options, owed)
         for slot in slots:
             if slot.distances is None:
                 self._score(slot)
@@ -73,7 +77,7 @@ class JointSearch(DescentSearch):
         left = list(lengths)
         taken = list(taken)
         while True:
-            slots = self.fill(without(options, taken, left), left, context)
+            slots = self.fill(without(options, taken, left), left, context, unheld(options, taken))
             passes = [self._passes(slot.distances) for slot in slots]
             passed = [slot for slot, ok in zip(slots, passes, strict=True) if ok]
             failed = [slot for slot, ok in zip(slots, passes, strict=True) if not ok]
@@ -83,12 +87,14 @@ class JointSearch(DescentSearch):
             taken += [slot.ids for slot in passed]
             left = [len(slot.ids) + 2 for slot in failed]
 
-    def _sweeps(self, slots: list[Descent], options: Sequence[Sequence[int]]) -> None:
+    def _sweeps(
+        self, slots: list[Descent], options: Sequence[Sequence[int]], owed: Sequence[set[int]]
+    ) -> None:
         """Match every position again until no slot changes (at most ``encoder_sweeps``)."""
         longest = max(len(slot.ids) + 2 for slot in slots)
         for _ in range(self.settings.encoder_sweeps):
             changed = [
-                self._match(slots, position, options[position], (WINDOW, WINDOW))
+                self._match(slots, position, options[position], (WINDOW, WINDOW), owed[position])
                 for position in range(1, longest - 1)
             ]
             if not any(changed):
@@ -144,9 +150,13 @@ class JointSearch(DescentSearch):
         position: int,
         choices: Sequence[int],
         window: tuple[int, int],
+        owed: set[int],
     ) -> bool:
         """Give ``position`` of every slot that reaches it one of ``choices``, by the matching
-        of least summed cost; whether any slot's token changed."""
+        of least summed cost; whether any slot's token changed. With fewer choices than
+        slots, each ``owed`` choice goes to one slot at least: layer 1 passed it because a
+        sentence holds it there (left to the cheapest slots, a word two sentences could
+        open with went to both, and another sentence's first word to none)."""
         running = [s for s in slots if position < s.embeds.shape[0] - 1]
         if not running or not choices:
             return False
@@ -159,13 +169,18 @@ class JointSearch(DescentSearch):
             distances = self._trial_distances(slot.embeds, position, replacements, near)
             slot.scored += len(choices)
             costs.append(log_sum(distances))
-        # Fewer candidates than slots: sentences share a token there ("the" opening two).
-        copies = math.ceil(len(running) / len(choices))
-        cost = torch.cat([torch.stack(costs)] * copies, dim=1)
+        cost = torch.stack(costs)
+        columns_of = list(range(len(choices)))
+        best = cost.min(dim=1)
+        if len(choices) < len(running):  # sentences share a token there ("the" opening two)
+            columns_of = [k for k, token in enumerate(choices) if token in owed]
+            spare = len(running) - len(columns_of)
+            cost = torch.cat([cost[:, columns_of], best.values[:, None].expand(-1, spare)], 1)
         rows, columns = linear_sum_assignment(cost.cpu().numpy())
         changed = False
         for row, column in zip(rows.tolist(), columns.tolist(), strict=True):
-            slot, token = running[row], choices[column % len(choices)]
+            pick = columns_of[column] if column < len(columns_of) else int(best.indices[row])
+            slot, token = running[row], choices[pick]
             if slot.ids[position - 1] != token:
                 changed = True
                 slot.ids[position - 1] = token
@@ -196,6 +211,15 @@ def without(
                 pool.remove(token)
         out.append(sorted(set(pool), key=list(choices).index) or list(choices))
     return out
+
+
+def unheld(options: Sequence[Sequence[int]], taken: Sequence[list[int]]) -> list[set[int]]:
+    """Per position, the ``options`` no ``taken`` sentence (inner ids) holds there: those the
+    sentences still to fill owe the matching (``JointSearch._match``)."""
+    return [
+        set(choices) - {ids[position - 1] for ids in taken if 0 < position <= len(ids)}
+        for position, choices in enumerate(options)
+    ]
 
 
 def _swap_heads(one: torch.Tensor, two: torch.Tensor, cut: int) -> None:

@@ -22,7 +22,7 @@ from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import DecoderSearch, _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
-from gradleak.attacks.dager.joint import without
+from gradleak.attacks.dager.joint import JointSearch, unheld, without
 from gradleak.attacks.dager.lengths import LengthBudget
 from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
@@ -728,3 +728,28 @@ def test_without_leaves_each_option_as_often_as_the_other_slots_need():
     assert without(options, taken, [6, 6]) == [[], [5], [6, 8], [9, 10], [11, 12]]
     assert without(options, taken, [5, 4]) == [[], [5], [6, 8], [10], [11, 12]]
     assert options[2] == [6, 7, 8]  # the caller's lists are left alone
+
+
+def test_the_joint_matching_gives_every_owed_token_a_slot_where_slots_outnumber_tokens(
+    monkeypatch,
+):
+    """Four sentences reach a position where layer 1 passed three tokens. Slots 0 and 1
+    prefer token 10, slots 2 and 3 token 11: with each token offered twice the cheapest
+    matching left 12 to nobody. Each passed token goes to one slot at least, the slot left
+    over to its best; a token a found sentence holds is owed by no one."""
+    preference = {0: [0.0, 5.0, 6.0], 1: [0.0, 5.0, 9.0], 2: [5.0, 0.0, 9.0], 3: [5.0, 0.0, 6.0]}
+    slots = [Descent([-1, -1], torch.full((4, 2), float(k))) for k in range(4)]
+
+    def trial_distances(self, embeds, position, replacements, rows):
+        return torch.tensor(preference[int(embeds[0, 0])]).exp()[:, None]
+
+    monkeypatch.setattr(JointSearch, "table", property(lambda self: torch.zeros(20, 2)))
+    monkeypatch.setattr(JointSearch, "_trial_distances", trial_distances)
+    search = JointSearch(None, None, None, DagerSettings(), SearchState())
+    assert search._match(slots, 1, [10, 11, 12], (1, 0), {10, 11, 12})
+    taken = sorted(slot.ids[0] for slot in slots)
+    assert taken == [10, 10, 11, 12] or taken == [10, 11, 11, 12]
+    assert [slots[0].ids[0], slots[2].ids[0]] == [10, 11]
+    search._match(slots, 1, [10, 11, 12], (1, 0), {10, 11})
+    assert sorted(slot.ids[0] for slot in slots) == [10, 10, 11, 11]
+    assert unheld([[], [10, 11, 12], [13]], [[12, 13]]) == [set(), {10, 11}, set()]
