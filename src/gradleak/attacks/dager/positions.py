@@ -57,9 +57,11 @@ class Placement:
 
     def allowed(self, position: int) -> set[int]:
         """The tokens that may sit at ``position``."""
-        if position in self.open_positions:
-            return self.placed[position] | self.open_tokens
-        return self.placed[position]
+        return self.placed[position] | self.open_at(position)
+
+    def open_at(self, position: int) -> set[int]:
+        """The tokens that may sit at ``position`` without the rows placing them there."""
+        return self.open_tokens if position in self.open_positions else set()
 
     def __len__(self) -> int:
         """Positions up to the longest sentence's last."""

@@ -98,14 +98,17 @@ class SpanBasis:
         (GPT-2's ``ln_1``), the kept coordinates equal the candidate's only up to a scale plus
         multiples of the norm's weight and bias.
         """
-        basis = self.basis
-        if extra is not None and len(extra):
-            stacked = torch.cat([basis, extra.to(torch.float64).T], dim=1)
-            basis = torch.linalg.qr(stacked).Q
+        basis = self._with(extra)
         shape = vectors.shape[:-1]
         flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
         out = [_sparse_fit(part, basis, iterations, tol) for part in flat.split(chunk)]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
+
+    def _with(self, extra: torch.Tensor | None) -> torch.Tensor:
+        """The basis with ``extra`` directions (``[k, d]``) added, orthonormal again."""
+        if extra is None or not len(extra):
+            return self.basis
+        return torch.linalg.qr(torch.cat([self.basis, extra.to(torch.float64).T], dim=1)).Q
 
     def kept_share(
         self, vectors: torch.Tensor, extra: torch.Tensor | None = None, tol: float = 1e-6
@@ -122,14 +125,11 @@ class SpanBasis:
         masked copy in the span scores well under ``1 - p``. ``extra``: as for
         ``inlier_fraction``. One program a row (scipy's HiGHS), several times the sparse fit's
         cost: for the few candidates the fit cannot settle."""
-        basis = self.basis
-        if extra is not None and len(extra):
-            basis = torch.linalg.qr(torch.cat([basis, extra.to(torch.float64).T], dim=1)).Q
+        rows = sparse.csr_matrix(self._with(extra).cpu().numpy())
         shape = vectors.shape[:-1]
         flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
         flat = flat / torch.linalg.vector_norm(flat, dim=-1, keepdim=True).clamp_min(1e-30)
-        dense = basis.cpu().numpy()
-        shares = [_kept_share(row.cpu().numpy(), dense, tol) for row in flat]
+        shares = [_kept_share(row.cpu().numpy(), rows, tol) for row in flat]
         return torch.tensor(shares, dtype=torch.float64).reshape(shape)
 
 
@@ -180,11 +180,11 @@ def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: floa
     return (residual.abs() < tol).to(torch.float64).mean(dim=-1)
 
 
-def _kept_share(x: np.ndarray, basis: np.ndarray, tol: float) -> float:
+def _kept_share(x: np.ndarray, basis: sparse.csr_matrix, tol: float) -> float:
     """``max mean(s)`` over ``0 <= s <= 1`` and coefficients ``c`` with ``|B c - s * x| <= tol``
     in every coordinate (``SpanBasis.kept_share``); 0 where the solver fails."""
     width, rank = basis.shape
-    rows = sparse.hstack([sparse.csr_matrix(basis), sparse.diags(-x)]).tocsr()
+    rows = sparse.hstack([basis, sparse.diags(-x)]).tocsr()
     result = linprog(
         np.concatenate([np.zeros(rank), -np.ones(width)]),
         A_ub=sparse.vstack([rows, -rows]),

@@ -62,7 +62,7 @@ def token_candidates(
     def passing(inputs: torch.Tensor, position: int | None = None) -> list[int]:
         open_here = None
         if placed is not None and position is not None:
-            open_here = placed.allowed(position) - placed.placed[position]
+            open_here = placed.open_at(position) - placed.placed[position]
         elif within is not None:
             open_here = set(markers) & within
         tokens = _passing(inputs, layer1, settings, dropout, directions, markers, open_here)
