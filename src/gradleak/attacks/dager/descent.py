@@ -78,24 +78,37 @@ class DescentSearch(SentenceSearch):
             # of this one found): free it too. A longer start was chosen to differ from a
             # sentence found already, and stays.
             self._sweep(descent, list(range(1, len(options) + 1)), options, table)
-        if not self._sentence_passes(descent) and self._swap(descent, free, table):
+        if not self._sentence_passes(descent) and self._swap(descent, free, options, table):
             self._sweep(descent, free, options, table)
         if descent.distances is None:
             self._score(descent)
         return descent
 
-    def _swap(self, descent: Descent, positions: list[int], table: torch.Tensor) -> bool:
+    def _swap(
+        self,
+        descent: Descent,
+        positions: list[int],
+        options: list[list[int]],
+        table: torch.Tensor,
+    ) -> bool:
         """Exchange the two of ``positions`` whose swap brings the whole sentence nearest
         the span (mean log distance), if any swap does; whether one was made.
 
         A repeated word lets the sweeps stop at two words exchanged ("harriet alternated
         songs songs and pop folk together."): from there, changing either one alone only
-        moves away."""
+        moves away. Only pairs whose tokens are each other's ``options`` (a position's
+        candidates, ``options[p - 1]``) are tried: a true sentence holds at every position a
+        token its options hold, so no other swap can lead to one. Where the embedding rows
+        place each token seen once at its one position, that leaves the repeated tokens."""
+        ids = descent.ids
         pairs = [
             (i, j)
             for i in positions
             for j in positions
-            if i < j and descent.ids[i - 1] != descent.ids[j - 1]
+            if i < j
+            and ids[i - 1] != ids[j - 1]
+            and ids[i - 1] in options[j - 1]
+            and ids[j - 1] in options[i - 1]
         ]
         if not pairs:
             return False
@@ -113,7 +126,6 @@ class DescentSearch(SentenceSearch):
         if scores[best] >= log_mean(descent.distances[1:]):
             return False
         i, j = pairs[best]
-        ids = descent.ids
         ids[i - 1], ids[j - 1] = ids[j - 1], ids[i - 1]
         descent.embeds[i], descent.embeds[j] = table[ids[i - 1]], table[ids[j - 1]]
         descent.distances, descent.window = distances[best], None

@@ -662,12 +662,19 @@ def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
     exchanged = list(inner)
     exchanged[2], exchanged[5] = exchanged[5], exchanged[2]  # folk <-> pop
     table = search.table
+    positions = list(range(1, len(inner) + 1))
+    anywhere = [sorted(set(inner))] * len(inner)
+    # folk may sit only where it stands now: the swap that puts it back is never tried
+    pinned = [[t for t in anywhere[0] if t != inner[2]] for _ in inner]
+    pinned[5] = anywhere[5]
     with torch.no_grad():
         descent = Descent(list(exchanged), table[[truth[0], *exchanged, truth[-1]]].clone())
         assert not search._sentence_passes(descent)
-        assert search._swap(descent, list(range(1, len(inner) + 1)), table)
+        assert not search._swap(descent, positions, pinned, table)
+        assert descent.ids == exchanged
+        assert search._swap(descent, positions, anywhere, table)
         assert descent.ids == inner and search._sentence_passes(descent)
-        assert not search._swap(descent, list(range(1, len(inner) + 1)), table)  # no better
+        assert not search._swap(descent, positions, anywhere, table)  # no better
 
 
 def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
