@@ -131,9 +131,11 @@ class EncoderSearch(DescentSearch):
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
         token count (layer 2's rank, when it counts them: see ``lengths.py``), decides
-        whether a length has room for one more sentence beside those found. Without either,
-        a length stops at its first sentence when the separator's positions are at least as
-        many as the batch's sentences (then each length holds one).
+        whether a length has room for one more sentence beside those found, with the
+        positions' least sentence counts from the embedding rows where they place tokens (a
+        batch whose every sentence reaches position 12 has none of length 12 or less).
+        Without either, a length stops at its first sentence when the separator's positions
+        are at least as many as the batch's sentences (then each length holds one).
 
         Where layer 2 is a test (eval mode) and the lengths are known or follow from the
         token count, the sentences still missing are filled jointly beside the found ones
@@ -149,11 +151,18 @@ class EncoderSearch(DescentSearch):
             ends = [end for end in ends if end + 1 in lengths]
         budget = None
         if lengths is None and tokens is not None:
-            budget = LengthBudget.of([end + 1 for end in ends], batch_size, tokens)
+            candidate_lengths = [end + 1 for end in ends]
+            budget = LengthBudget.of(candidate_lengths, batch_size, tokens, self.state.least_alive)
             self.state.notes.append(
-                f"candidate lengths {[end + 1 for end in ends]}, "
+                f"candidate lengths {candidate_lengths}, "
                 + (f"{batch_size} of them sum to" if budget else "none sum to")
                 + f" layer 2's rank {tokens}"
+                + (
+                    f", {sum(budget.room_for(n, []) for n in candidate_lengths)} of them "
+                    "where as many sentences reach each position as the rows place tokens"
+                    if budget and budget.least_alive
+                    else ""
+                )
             )
         one_each = len(ends) >= batch_size
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]

@@ -13,21 +13,33 @@ a length that holds two sentences is searched for the second one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations_with_replacement
 
 
 @dataclass(frozen=True)
 class LengthBudget:
-    """Candidate ``lengths``, the batch's ``sentences`` and ``tokens`` (layer 2's rank)."""
+    """Candidate ``lengths``, the batch's ``sentences`` and ``tokens`` (layer 2's rank), and
+    per position how many sentences reach it at least (``least_alive``, from the embedding
+    rows' placement; None where they do not say)."""
 
     lengths: tuple[int, ...]
     sentences: int
     tokens: int
     reachable: tuple[frozenset[int], ...]  # [k]: the sums of k candidate lengths
+    least_alive: tuple[int, ...] | None = None
+    _rooms: dict[tuple[int, tuple[int, ...]], bool] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
-    def of(cls, lengths: Sequence[int], sentences: int, tokens: int) -> LengthBudget | None:
+    def of(
+        cls,
+        lengths: Sequence[int],
+        sentences: int,
+        tokens: int,
+        least_alive: Sequence[int] | None = None,
+    ) -> LengthBudget | None:
         """The budget, or None when no ``sentences`` candidate lengths sum to ``tokens`` (the
         rank then does not count the batch's tokens, e.g. sentences repeated in the batch)."""
         options = tuple(sorted(set(lengths)))
@@ -37,14 +49,39 @@ class LengthBudget:
             reachable.append(frozenset(sums))
         if tokens not in reachable[sentences]:
             return None
-        return cls(options, sentences, tokens, tuple(reachable))
+        alive = None if least_alive is None else tuple(least_alive)
+        return cls(options, sentences, tokens, tuple(reachable), alive)
 
     def room_for(self, length: int, found: Sequence[int]) -> bool:
         """Whether one more sentence of ``length`` beside the ``found`` lengths leaves a
-        completion: the remaining sentences' lengths, all candidates, sum to the rest."""
+        completion: the remaining sentences' lengths, all candidates, sum to the rest, and
+        with ``least_alive`` every position is reached by as many sentences as it says."""
         left = self.sentences - len(found) - 1
         rest = self.tokens - sum(found) - length
-        return left >= 0 and rest >= 0 and rest in self.reachable[left]
+        if left < 0 or rest < 0 or rest not in self.reachable[left]:
+            return False
+        if self.least_alive is None:
+            return True
+        key = (length, tuple(sorted(found)))
+        if key not in self._rooms:
+            self._rooms[key] = self._completes([*found, length], left, rest)
+        return self._rooms[key]
+
+    def _completes(self, fixed: Sequence[int], left: int, rest: int) -> bool:
+        """Whether ``left`` candidate lengths sum to ``rest`` and, beside the ``fixed`` ones,
+        reach every position as often as ``least_alive`` says.
+
+        The i-th longest of them must be longer than the last position still owed i
+        sentences once the ``fixed`` ones are counted. Those bounds are nested (the longest
+        has the strictest), so a multiset meets them if its i-th choice meets the i-th: a
+        subset sum over the slots in turn."""
+        owed = [n - sum(length > p for length in fixed) for p, n in enumerate(self.least_alive)]
+        sums = {0}
+        for slot in range(1, left + 1):
+            last = max((p for p, n in enumerate(owed) if n >= slot), default=-1)
+            allowed = [length for length in self.lengths if length > last]
+            sums = {s + n for s in sums for n in allowed if s + n <= rest}
+        return rest in sums and all(n <= left for n in owed)
 
     def layouts(
         self, limit: int, every: bool = False, least_alive: Sequence[int] | None = None

@@ -599,6 +599,36 @@ def test_length_budget_leaves_room_only_where_the_token_count_can_be_completed()
     assert LengthBudget.of([6, 7], sentences=2, tokens=24) is None  # the rank counts no batch
 
 
+def test_length_budget_leaves_room_only_where_the_positions_counts_can_be_reached():
+    """With the rows' least sentence count per position, a length has room only if some
+    completion reaches every position that often: the room agrees with the layouts."""
+    lengths, tokens = [6, 7, 9, 12, 13], 28
+    alive = [3] * 7 + [2] * 2 + [1] * 3  # all three reach position 6, two reach 8, one 11
+    budget = LengthBudget.of(lengths, sentences=3, tokens=tokens, least_alive=alive)
+    plain = LengthBudget.of(lengths, sentences=3, tokens=tokens)
+    assert budget is not None and plain is not None
+    assert plain.room_for(6, [])  # 13 + 9 + 6 by the token count alone
+    assert not budget.room_for(6, [])  # but all three reach position 6
+    layouts = budget.layouts(100, least_alive=alive)
+    assert layouts == [(12, 9, 7)]
+    for length in lengths:
+        assert budget.room_for(length, []) == any(length in layout for layout in layouts)
+    assert budget.room_for(9, [12]) and not budget.room_for(9, [13])  # 13 + 9 leaves a 6
+    assert plain.room_for(6, [13]) and not budget.room_for(6, [13])
+    # two reach position 8: beside a found 7, the last one must pass it
+    assert budget.room_for(9, [7]) and budget.room_for(12, [7])
+
+
+def test_the_rests_sentence_counts_keep_what_the_whole_update_placed():
+    """Once found sentences are off the update, a position is still reached by the whole
+    update's count less the found ones that reached it, where the rest's rows place fewer."""
+    still = dager_attack_module._still_alive
+    assert still([3, 2, 0], [8, 8, 5, 1], [2]) == [7, 7, 5, 1]
+    assert still([8, 8, 6], [8, 8, 5, 1], [2]) == [8, 8, 6, 1]
+    assert still(None, [2, 2, 1], [3, 1]) == [0, 1, 0]
+    assert still([1, 1], None, [3]) == [1, 1]
+
+
 def test_length_budget_lists_the_layouts_that_make_up_the_token_count():
     budget = LengthBudget.of([6, 7, 9, 12, 13], sentences=3, tokens=28)
     assert budget is not None
