@@ -47,6 +47,7 @@ from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, sta
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.embedding import moved_tokens, noise_moved_rows
 from gradleak.attacks.dager.encoder import EncoderSearch
+from gradleak.attacks.dager.lengths import rest_alive
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.refusals import (
@@ -368,7 +369,7 @@ class DagerAttack(Attack[DagerSettings]):
                 raise RuntimeError(f"the update less its found sentences: {checked.reason}")
             plan = checked
             candidates = self._rest_candidates(update, knowledge, whole, first, hf, plan, state)
-            state.least_alive = _still_alive(
+            state.least_alive = rest_alive(
                 state.least_alive, first_alive, [len(ids) for ids, _ in taken]
             )
             state.notes.append(
@@ -438,20 +439,3 @@ def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchSt
         and not any(c.span.full for c in layer2.checks)
     )
     return layer2.rank if exact else None
-
-
-def _still_alive(
-    rest: list[int] | None, whole: list[int] | None, taken: list[int]
-) -> list[int] | None:
-    """Per position, how many of the sentences left reach it at least: what the rest's rows
-    place, or the whole update's count less the taken sentences (of these ``taken`` lengths)
-    that reach it, whichever says more (the rest's rows place fewer where the found sentences
-    shared a token with it)."""
-    if whole is None:
-        return rest
-    after = [max(0, n - sum(length > p for length in taken)) for p, n in enumerate(whole)]
-    if rest is None:
-        return after
-    longest = max(len(rest), len(after))
-    rest, after = rest + [0] * (longest - len(rest)), after + [0] * (longest - len(after))
-    return [max(a, b) for a, b in zip(rest, after, strict=True)]

@@ -30,7 +30,7 @@ import torch
 from gradleak.attacks.dager.choice import Candidate, pick_sentences
 from gradleak.attacks.dager.descent import DescentSearch, log_sum
 from gradleak.attacks.dager.joint import MAX_LAYOUTS, JointSearch
-from gradleak.attacks.dager.lengths import LengthBudget
+from gradleak.attacks.dager.lengths import LengthBudget, reaching_besides
 
 # Starts each length tries in the first round of turns; the limit doubles every round.
 ROUND_STARTS = 4
@@ -259,10 +259,7 @@ class EncoderSearch(DescentSearch):
         # Under dropout a [SEP] passes layer 1 only where a sentence ends: each candidate
         # length is some sentence's (the found ones' lengths may be the only ones of theirs).
         # The found sentences are among those that reach a position.
-        alive = self.state.least_alive and [
-            max(0, n - sum(length > p for length in found))
-            for p, n in enumerate(self.state.least_alive)
-        ]
+        alive = self.state.least_alive and reaching_besides(self.state.least_alive, found)
         layouts = [] if found else budget.layouts(MAX_LAYOUTS + 1, True, alive)
         return layouts or budget.layouts(MAX_LAYOUTS + 1, least_alive=alive)
 

@@ -75,7 +75,7 @@ class LengthBudget:
         sentences once the ``fixed`` ones are counted. Those bounds are nested (the longest
         has the strictest), so a multiset meets them if its i-th choice meets the i-th: a
         subset sum over the slots in turn."""
-        owed = [n - sum(length > p for length in fixed) for p, n in enumerate(self.least_alive)]
+        owed = reaching_besides(self.least_alive, fixed)
         sums = {0}
         for slot in range(1, left + 1):
             last = max((p for p, n in enumerate(owed) if n >= slot), default=-1)
@@ -105,6 +105,28 @@ class LengthBudget:
                 if len(found) >= limit:
                     break
         return found
+
+
+def reaching_besides(least_alive: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """Per position, how many sentences besides those of ``lengths`` reach it at least."""
+    return [max(0, n - sum(length > p for length in lengths)) for p, n in enumerate(least_alive)]
+
+
+def rest_alive(
+    rest: list[int] | None, whole: list[int] | None, taken: list[int]
+) -> list[int] | None:
+    """Per position, how many of the sentences left reach it at least once sentences of the
+    ``taken`` lengths are off the update: what the rest's rows place, or the ``whole``
+    update's count less the taken ones that reach it, whichever says more (the rest's rows
+    place fewer where the found sentences shared a token with it)."""
+    if whole is None:
+        return rest
+    after = reaching_besides(whole, taken)
+    if rest is None:
+        return after
+    longest = max(len(rest), len(after))
+    rest, after = rest + [0] * (longest - len(rest)), after + [0] * (longest - len(after))
+    return [max(a, b) for a, b in zip(rest, after, strict=True)]
 
 
 def _reaches(layout: Sequence[int], least_alive: Sequence[int] | None) -> bool:

@@ -23,7 +23,7 @@ from gradleak.attacks.dager.decoder import DecoderSearch, _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
 from gradleak.attacks.dager.joint import JointSearch, unheld, without
-from gradleak.attacks.dager.lengths import LengthBudget
+from gradleak.attacks.dager.lengths import LengthBudget, rest_alive
 from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
@@ -622,7 +622,7 @@ def test_length_budget_leaves_room_only_where_the_positions_counts_can_be_reache
 def test_the_rests_sentence_counts_keep_what_the_whole_update_placed():
     """Once found sentences are off the update, a position is still reached by the whole
     update's count less the found ones that reached it, where the rest's rows place fewer."""
-    still = dager_attack_module._still_alive
+    still = rest_alive
     assert still([3, 2, 0], [8, 8, 5, 1], [2]) == [7, 7, 5, 1]
     assert still([8, 8, 6], [8, 8, 5, 1], [2]) == [8, 8, 6, 1]
     assert still(None, [2, 2, 1], [3, 1]) == [0, 1, 0]
