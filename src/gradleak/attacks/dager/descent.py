@@ -84,6 +84,34 @@ class DescentSearch(SentenceSearch):
             self._score(descent)
         return descent
 
+    def _one_off(
+        self, ids: list[int], contexts: dict[int, torch.Tensor], options: list[list[int]]
+    ) -> list[Descent]:
+        """The sentence a descent reached (``ids``, inner tokens) one token shorter and one
+        longer, where a separator ends the batch at that length (``contexts``, by length),
+        if it passes there: the shorter without its last token, the longer with the best of
+        the new position's ``options`` (``options[p - 1]``, as in ``_descend``).
+
+        A descent at a length one off a true sentence's can rebuild all of it but the end
+        (Rotten Tomatoes B=8: "... an after - school special. a" at 30 tokens, the true one
+        at 29), while at the true length every start went astray."""
+        table, length = self.table, len(ids) + 2
+        shorter, longer = length - 1, length + 1
+        near = []
+        if shorter in contexts and len(ids) > 1:
+            embeds = contexts[shorter].clone()
+            embeds[1:-1] = table[ids[:-1]]
+            near.append(Descent(ids[:-1], embeds))
+        if longer in contexts and len(options) >= len(ids) + 1 and options[len(ids)]:
+            embeds = contexts[longer].clone()
+            embeds[1 : 1 + len(ids)] = table[ids]
+            descent = Descent([*ids, -1], embeds)
+            self._choose(descent, len(ids) + 1, options[len(ids)], table, (WINDOW, 0))
+            near.append(descent)
+        for descent in near:
+            self._score(descent)
+        return [descent for descent in near if self._passes(descent.distances)]
+
     def _swap(
         self,
         descent: Descent,

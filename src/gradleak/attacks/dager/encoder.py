@@ -126,7 +126,9 @@ class EncoderSearch(DescentSearch):
         The lengths take turns (shortest first), each trying starts up to a limit that
         doubles every round (``ROUND_STARTS`` first): a true first token ranks among the
         first few of its length, so the batch's sentences are found before any length
-        spends its budget on a sentence that is not there.
+        spends its budget on a sentence that is not there. A descent that fails is also
+        tried one token shorter and one longer (``_one_off``): it may have rebuilt a
+        sentence of a neighbouring length but for its end.
 
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
@@ -165,6 +167,7 @@ class EncoderSearch(DescentSearch):
                 )
             )
         one_each = len(ends) >= batch_size
+        searched = {end + 1: contexts[end + 1] for end in ends}
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
         found: list[Candidate] = []
         elsewhere: list[list[int]] = []  # the sentences that passed so far (inner tokens)
@@ -202,8 +205,11 @@ class EncoderSearch(DescentSearch):
                     # this yield
                     if self._passes(distances) and tuple(ids) not in search.passing:
                         elsewhere.append(list(ids))
-                        if until_found:
-                            return found
+                    elif not self._passes(distances):
+                        near = self._one_off(ids, searched, inner[1:])
+                        add([Candidate([cls, *d.ids, sep], d.distances) for d in near])
+                    if until_found and elsewhere:
+                        return found
             limit *= 2
             if elsewhere and completed != len(elsewhere):
                 completed = len(elsewhere)

@@ -707,6 +707,33 @@ def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
         assert not search._swap(descent, positions, anywhere, table)  # no better
 
 
+def test_a_descent_one_token_off_the_sentences_length_passes_at_its_length(tiny_victim):
+    """A descent that rebuilt the sentence but for its end, at a length one off, gives the
+    sentence: one token shorter (an extra last token dropped) or one longer (the last token
+    chosen among the position's options), where a separator ends a sentence at that length;
+    a sentence two off gives nothing."""
+    victim = tiny_victim("tiny-bert")
+    examples = [Example("harriet sang folk songs and pop songs together", label=1)]
+    update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
+    attack_ = DagerAttack()
+    plan = attack_.check(update, knowledge)
+    hf = knowledge.global_model.copy_model().eval()
+    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
+    truth = encode(victim, examples).input_ids[0].tolist()
+    cls, inner, sep = truth[0], truth[1:-1], truth[-1]
+    table = search.table
+    contexts = {len(truth): table[[cls, *[sep] * (len(truth) - 1)]]}
+    options = [sorted(set(inner))] * (len(inner) + 2)
+    with torch.no_grad():
+        (shorter,) = search._one_off([*inner, inner[0]], contexts, options)
+        (longer,) = search._one_off(inner[:-1], contexts, options)
+        assert shorter.ids == inner and longer.ids == inner
+        assert not search._one_off(inner[:-2], contexts, options)
+        assert not search._one_off([*inner, inner[0]], {}, options)
+        wrong = [inner[1], *inner[1:], inner[0]]  # a wrong first token: nothing passes
+        assert not search._one_off(wrong, contexts, options)
+
+
 def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
     """Under dropout nothing passes and the distances only rank: two short candidates that
     outrank the long one would make a batch whose lengths cannot sum to layer 2's rank. With
