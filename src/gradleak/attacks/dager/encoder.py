@@ -82,6 +82,7 @@ class EncoderSearch(DescentSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
         until_found: bool = False,
+        resume_at: int | None = None,
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (``until_found``: the first that passes, for
         the caller to take it off the update and search the rest's spans, ``peel.py``; what
@@ -99,7 +100,9 @@ class EncoderSearch(DescentSearch):
             batch = self.joint(frame, tokenizer, layouts) if layouts else []
             if batch:  # none when layer 1 has no [SEP] for a length the server knows
                 return [(c.ids, c.worst) for c in batch]
-        found = self.sentences(frame, tokenizer, batch_size, lengths, tokens, until_found)
+        found = self.sentences(
+            frame, tokenizer, batch_size, lengths, tokens, until_found, resume_at
+        )
         if until_found:
             passing = {tuple(c.ids): c for c in found if self._passes(c.distances)}
             if passing:
@@ -119,6 +122,7 @@ class EncoderSearch(DescentSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
         until_found: bool = False,
+        resume_at: int | None = None,
     ) -> list[Candidate]:
         """Every sentence length ending in a separator, searched from its starts while it
         may hold another of the batch's sentences (``until_found``: until one passes).
@@ -126,7 +130,11 @@ class EncoderSearch(DescentSearch):
         The lengths take turns (shortest first), each trying starts up to a limit that
         doubles every round (``ROUND_STARTS`` first): a true first token ranks among the
         first few of its length, so the batch's sentences are found before any length
-        spends its budget on a sentence that is not there. A descent that fails is also
+        spends its budget on a sentence that is not there. A search resumed after a
+        sentence came off the update (``resume_at``, that sentence's length) takes the
+        lengths from there on first and the shorter ones last: it tried those before that
+        sentence passed, and each would otherwise be tried again at every stage of the
+        peeling. A descent that fails is also
         tried one token shorter and one longer (``_one_off``): it may have rebuilt a
         sentence of a neighbouring length but for its end.
 
@@ -167,6 +175,8 @@ class EncoderSearch(DescentSearch):
                 )
             )
         one_each = len(ends) >= batch_size
+        if resume_at is not None:
+            ends = [e for e in ends if e + 1 >= resume_at] + [e for e in ends if e + 1 < resume_at]
         searched = {end + 1: contexts[end + 1] for end in ends}
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
         found: list[Candidate] = []

@@ -734,6 +734,38 @@ def test_a_descent_one_token_off_the_sentences_length_passes_at_its_length(tiny_
         assert not search._one_off(wrong, contexts, options)
 
 
+def test_a_resumed_search_takes_the_lengths_from_the_last_found_one_on(tiny_victim, monkeypatch):
+    """After a sentence came off the update, the lengths from its length on go first and the
+    shorter ones, tried before it passed, last: resumed at the sentence's own length, its
+    first descent finds it; from the start, every shorter length is tried first."""
+    victim = tiny_victim("tiny-bert")
+    examples = [Example("harriet sang folk songs and pop songs together", label=1)]
+    update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
+    attack_ = DagerAttack()
+    plan = attack_.check(update, knowledge)
+    hf = knowledge.global_model.copy_model().eval()
+    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
+    truth = encode(victim, examples).input_ids[0].tolist()
+    tokenizer = knowledge.tokenizer
+    everywhere = sorted({*truth[1:-1], tokenizer.sep_token_id})
+    candidates = [[truth[0]], *[everywhere] * len(truth)]
+    frame = search._frame(candidates, tokenizer)
+    tried = []
+    descend = EncoderSearch._descend
+
+    def recording(self, prefix, options, context, *args):
+        tried.append(context.shape[0])
+        return descend(self, prefix, options, context, *args)
+
+    monkeypatch.setattr(EncoderSearch, "_descend", recording)
+    with torch.no_grad():
+        (resumed,) = search.sentences(frame, tokenizer, until_found=True, resume_at=len(truth))
+        assert resumed.ids == truth and tried == [len(truth)]
+        tried.clear()
+        found = search.sentences(frame, tokenizer, until_found=True)
+        assert found[-1].ids == truth and tried[0] == 3 and sorted(tried) == tried
+
+
 def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
     """Under dropout nothing passes and the distances only rank: two short candidates that
     outrank the long one would make a batch whose lengths cannot sum to layer 2's rank. With
