@@ -33,7 +33,7 @@ from gradleak.attacks.dager.joint import MAX_LAYOUTS, JointSearch
 from gradleak.attacks.dager.lengths import LengthBudget, reaching_besides
 
 # Starts each length tries in the first round of turns; the limit doubles every round.
-ROUND_STARTS = 4
+ROUND_STARTS = 2
 
 
 def _always() -> bool:
