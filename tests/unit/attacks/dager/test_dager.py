@@ -679,9 +679,9 @@ def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_lengt
     assert decoded != sorted(e.text for e in examples)
 
 
-def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
-    """From a sentence with two of its words exchanged, changing either alone moves away
-    from the span; the swap step puts both back, and the sentence passes."""
+def _one_sentence_search(tiny_victim):
+    """The encoder search over a one-sentence eval-mode update on the tiny BERT (a sentence
+    with a repeated word), the sentence's token ids and the tokenizer."""
     victim = tiny_victim("tiny-bert")
     examples = [Example("harriet sang folk songs and pop songs together", label=1)]
     update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
@@ -689,7 +689,13 @@ def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
     plan = attack_.check(update, knowledge)
     hf = knowledge.global_model.copy_model().eval()
     search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
-    truth = encode(victim, examples).input_ids[0].tolist()
+    return search, encode(victim, examples).input_ids[0].tolist(), knowledge.tokenizer
+
+
+def test_encoder_swap_undoes_two_exchanged_words(tiny_victim):
+    """From a sentence with two of its words exchanged, changing either alone moves away
+    from the span; the swap step puts both back, and the sentence passes."""
+    search, truth, _ = _one_sentence_search(tiny_victim)
     inner = truth[1:-1]
     exchanged = list(inner)
     exchanged[2], exchanged[5] = exchanged[5], exchanged[2]  # folk <-> pop
@@ -714,14 +720,7 @@ def test_a_descent_one_token_off_the_sentences_length_passes_at_its_length(tiny_
     sentence: one token shorter (an extra last token dropped) or one longer (the last token
     chosen among the position's options), where a separator ends a sentence at that length;
     a sentence two off gives nothing."""
-    victim = tiny_victim("tiny-bert")
-    examples = [Example("harriet sang folk songs and pop songs together", label=1)]
-    update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
-    attack_ = DagerAttack()
-    plan = attack_.check(update, knowledge)
-    hf = knowledge.global_model.copy_model().eval()
-    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
-    truth = encode(victim, examples).input_ids[0].tolist()
+    search, truth, _ = _one_sentence_search(tiny_victim)
     cls, inner, sep = truth[0], truth[1:-1], truth[-1]
     table = search.table
     contexts = {len(truth): table[[cls, *[sep] * (len(truth) - 1)]]}
@@ -740,15 +739,7 @@ def test_a_resumed_search_takes_the_lengths_from_the_last_found_one_on(tiny_vict
     """After a sentence came off the update, the lengths from its length on go first and the
     shorter ones, tried before it passed, last: resumed at the sentence's own length, its
     first descent finds it; from the start, every shorter length is tried first."""
-    victim = tiny_victim("tiny-bert")
-    examples = [Example("harriet sang folk songs and pop songs together", label=1)]
-    update, knowledge = client_round(victim, Protocol(mode="eval"), examples)
-    attack_ = DagerAttack()
-    plan = attack_.check(update, knowledge)
-    hf = knowledge.global_model.copy_model().eval()
-    search = EncoderSearch(hf, victim.adapter, plan.layer2, attack_.settings, SearchState())
-    truth = encode(victim, examples).input_ids[0].tolist()
-    tokenizer = knowledge.tokenizer
+    search, truth, tokenizer = _one_sentence_search(tiny_victim)
     everywhere = sorted({*truth[1:-1], tokenizer.sep_token_id})
     candidates = [[truth[0]], *[everywhere] * len(truth)]
     frame = search._frame(candidates, tokenizer)
