@@ -134,9 +134,9 @@ class EncoderSearch(DescentSearch):
         sentence came off the update (``resume_at``, that sentence's length) takes the
         lengths from there on first and the shorter ones last: it tried those before that
         sentence passed, and each would otherwise be tried again at every stage of the
-        peeling. A descent that fails is also
-        tried one token shorter and one longer (``_one_off``): it may have rebuilt a
-        sentence of a neighbouring length but for its end.
+        peeling. A descent that fails is also tried one token shorter and one longer
+        (``_one_off``): it may have rebuilt a sentence of a neighbouring length but for its
+        end.
 
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
