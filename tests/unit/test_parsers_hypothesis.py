@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gradleak.audit.setup import read_setup
@@ -254,6 +254,7 @@ FLOWER_SETUPS = serialized(
 
 @EACH
 @given(DEFENSE_TEXT)
+@example("sign:0\r0=")  # a parameter name holding a carriage return, echoed by pydantic
 def test_defense_specs(text):
     outcome(config_from_options, {"defense": text})
     specs = outcome(parse_defenses, text)  # the parser alone, fed anything too

@@ -380,7 +380,8 @@ class Catalog(Parts[Listed[SpecT]], Mapping[str, SpecT]):
 
 
 def first_error(exc: ValidationError) -> str:
-    """Pydantic's first complaint as ``field: message``."""
+    """Pydantic's first complaint as ``field: message``, on one line (a field name comes
+    from the user's text and may hold a line break)."""
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
+    return one_line(f"{where}: {first['msg']}" if where else first["msg"])
