@@ -89,8 +89,8 @@ class DescentSearch(SentenceSearch):
     ) -> list[Descent]:
         """The sentence a descent reached (``ids``, inner tokens) one token shorter and one
         longer, where a separator can end a sentence at that length (``contexts``, by
-        length), if it passes there: the shorter without its last token, the longer with the best of
-        the new position's ``options`` (``options[p - 1]``, as in ``_descend``).
+        length), if it passes there: the shorter without its last token, the longer with the
+        best of the new position's ``options`` (``options[p - 1]``, as in ``_descend``).
 
         A descent at a length one off a true sentence's can rebuild all of it but the end
         (Rotten Tomatoes B=8: "... an after - school special. a" at 30 tokens, the true one

@@ -177,8 +177,8 @@ class EncoderSearch(DescentSearch):
         one_each = len(ends) >= batch_size
         if resume_at is not None:
             ends = [e for e in ends if e + 1 >= resume_at] + [e for e in ends if e + 1 < resume_at]
-        searched = {end + 1: contexts[end + 1] for end in ends}
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
+        searched = {search.length: search.context for search in searches}
         found: list[Candidate] = []
         elsewhere: list[list[int]] = []  # the sentences that passed so far (inner tokens)
         limit = ROUND_STARTS
@@ -213,9 +213,10 @@ class EncoderSearch(DescentSearch):
                     found.append(Candidate([cls, *ids, sep], distances))
                     # two starts may reach one sentence: the search counts it once, after
                     # this yield
-                    if self._passes(distances) and tuple(ids) not in search.passing:
+                    passed = self._passes(distances)
+                    if passed and tuple(ids) not in search.passing:
                         elsewhere.append(list(ids))
-                    elif not self._passes(distances):
+                    elif not passed:
                         near = self._one_off(ids, searched, inner[1:])
                         add([Candidate([cls, *d.ids, sep], d.distances) for d in near])
                     if until_found and elsewhere:
