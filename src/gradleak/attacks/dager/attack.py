@@ -337,15 +337,13 @@ class DagerAttack(Attack[DagerSettings]):
             )
             tokens = _token_count(plan.layer2, knowledge, state)
             more = knowledge.batch_size > 1
-            # from the last found sentence's length on (see ``EncoderSearch.sentences``)
             batch = (knowledge.batch_size, knowledge.lengths, tokens, more)
-            resume = len(taken[-1][0]) if taken else None
-            found = search.run(candidates, tokenizer, *batch, resume)
+            found = search.run(candidates, tokenizer, *batch)
             if taken and not any(search.passes(score) for _, score in found):
                 # The remainder's token filter can cut a true token and end the positions
                 # there: the whole update's tokens again, which hold the rest's
                 # (docs/design/dager-peeling.md).
-                found = search.run(whole, tokenizer, *batch, resume)
+                found = search.run(whole, tokenizer, *batch)
             if not more or not found or not all(search.passes(score) for _, score in found):
                 return taken + found
             if len(found) >= knowledge.batch_size:

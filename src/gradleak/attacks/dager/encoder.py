@@ -82,7 +82,6 @@ class EncoderSearch(DescentSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
         until_found: bool = False,
-        resume_at: int | None = None,
     ) -> list[tuple[list[int], float | None]]:
         """The batch's ``batch_size`` sentences (``until_found``: the first that passes, for
         the caller to take it off the update and search the rest's spans, ``peel.py``; what
@@ -100,9 +99,7 @@ class EncoderSearch(DescentSearch):
             batch = self.joint(frame, tokenizer, layouts) if layouts else []
             if batch:  # none when layer 1 has no [SEP] for a length the server knows
                 return [(c.ids, c.worst) for c in batch]
-        found = self.sentences(
-            frame, tokenizer, batch_size, lengths, tokens, until_found, resume_at
-        )
+        found = self.sentences(frame, tokenizer, batch_size, lengths, tokens, until_found)
         if until_found:
             passing = {tuple(c.ids): c for c in found if self._passes(c.distances)}
             if passing:
@@ -122,21 +119,16 @@ class EncoderSearch(DescentSearch):
         lengths: Sequence[int] | None = None,
         tokens: int | None = None,
         until_found: bool = False,
-        resume_at: int | None = None,
     ) -> list[Candidate]:
         """Every sentence length ending in a separator, searched from its starts while it
         may hold another of the batch's sentences (``until_found``: until one passes).
 
-        The lengths take turns (shortest first), each trying starts up to a limit that
-        doubles every round (``ROUND_STARTS`` first): a true first token ranks among the
-        first few of its length, so the batch's sentences are found before any length
-        spends its budget on a sentence that is not there. A search resumed after a
-        sentence came off the update (``resume_at``, that sentence's length) takes the
-        lengths from there on first and the shorter ones last: it tried those before that
-        sentence passed, and each would otherwise be tried again at every stage of the
-        peeling. A descent that fails is also tried one token shorter and one longer
-        (``_one_off``): it may have rebuilt a sentence of a neighbouring length but for its
-        end.
+        The lengths take turns, nearest separator first (``_by_separator``), each trying
+        starts up to a limit that doubles every round (``ROUND_STARTS`` first): a true first
+        token ranks among the first few of its length, so the batch's sentences are found
+        before any length spends its budget on a sentence that is not there. A descent that
+        fails is also tried one token shorter and one longer (``_one_off``): it may have
+        rebuilt a sentence of a neighbouring length but for its end.
 
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
@@ -156,12 +148,12 @@ class EncoderSearch(DescentSearch):
         ways, filling each one costs far more than it finds (docs/design/dager-encoder.md)."""
         sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
         inner, contexts = frame.inner, frame.contexts
-        ends = [length - 1 for length in contexts]
+        ends = [length - 1 for length in self._by_separator(contexts)]
         if lengths is not None:
             ends = [end for end in ends if end + 1 in lengths]
         budget = None
         if lengths is None and tokens is not None:
-            candidate_lengths = [end + 1 for end in ends]
+            candidate_lengths = sorted(end + 1 for end in ends)
             budget = LengthBudget.of(candidate_lengths, batch_size, tokens, self.state.least_alive)
             self.state.notes.append(
                 f"candidate lengths {candidate_lengths}, "
@@ -175,8 +167,6 @@ class EncoderSearch(DescentSearch):
                 )
             )
         one_each = len(ends) >= batch_size
-        if resume_at is not None:
-            ends = [e for e in ends if e + 1 >= resume_at] + [e for e in ends if e + 1 < resume_at]
         searches = [self._open(inner[1:end], contexts[end + 1]) for end in ends]
         searched = {search.length: search.context for search in searches}
         found: list[Candidate] = []
@@ -235,6 +225,20 @@ class EncoderSearch(DescentSearch):
                     f"sentences, {search.tried} of {search.tried + len(search.queue)} starts tried"
                 )
         return found
+
+    def _by_separator(self, contexts: dict[int, torch.Tensor]) -> list[int]:
+        """The sentence lengths of ``contexts`` (each length's filler sentence), the one
+        whose [SEP] lies nearest layer 2's span first.
+
+        A [SEP]'s layer-2 input hardly depends on the words before it (layer 1's [SEP]
+        attends mostly to the special tokens), so in the filler sentence it is near the span
+        where a sentence of the batch ends, and the batch's lengths lead: on Rotten
+        Tomatoes B=8 the first two to four of about 30 were true lengths
+        (docs/design/dager-encoder.md)."""
+        nearness = {
+            n: float(self._distances(context[None])[0, -1]) for n, context in contexts.items()
+        }
+        return sorted(contexts, key=nearness.__getitem__)
 
     def _frame(self, candidates: list[list[int]], tokenizer) -> Frame:
         """What every search starts from (see ``Frame``). A sentence needs one token between

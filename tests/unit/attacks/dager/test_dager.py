@@ -735,13 +735,12 @@ def test_a_descent_one_token_off_the_sentences_length_passes_at_its_length(tiny_
         assert not search._one_off(wrong, contexts, options)
 
 
-def test_a_resumed_search_takes_the_lengths_from_the_last_found_one_on(tiny_victim, monkeypatch):
-    """After a sentence came off the update, the lengths from its length on go first and the
-    shorter ones, tried before it passed, last: resumed at the sentence's own length, its
-    first descent finds it; from the start, every shorter length is tried first."""
+def test_the_search_tries_the_length_whose_separator_is_nearest_first(tiny_victim, monkeypatch):
+    """With a [SEP] allowed at every position, the lengths are tried nearest separator
+    first: the sentence's own length leads, and its first descent finds it."""
     search, truth, tokenizer = _one_sentence_search(tiny_victim)
     everywhere = sorted({*truth[1:-1], tokenizer.sep_token_id})
-    candidates = [[truth[0]], *[everywhere] * len(truth)]
+    candidates = [[truth[0]], *[everywhere] * (len(truth) + 4)]
     frame = search._frame(candidates, tokenizer)
     tried = []
     descend = EncoderSearch._descend
@@ -752,11 +751,12 @@ def test_a_resumed_search_takes_the_lengths_from_the_last_found_one_on(tiny_vict
 
     monkeypatch.setattr(EncoderSearch, "_descend", recording)
     with torch.no_grad():
-        (resumed,) = search.sentences(frame, tokenizer, until_found=True, resume_at=len(truth))
-        assert resumed.ids == truth and tried == [len(truth)]
-        tried.clear()
-        found = search.sentences(frame, tokenizer, until_found=True)
-        assert found[-1].ids == truth and tried[0] == 3 and sorted(tried) == tried
+        order = search._by_separator(frame.contexts)
+        assert order[0] == len(truth) and sorted(order) == sorted(frame.contexts)
+        assert len(order) > 4  # shorter and longer lengths were there to be tried first
+        (found,) = search.sentences(frame, tokenizer, until_found=True)
+        assert found.ids == truth and tried == [len(truth)]
+
 
 
 def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
