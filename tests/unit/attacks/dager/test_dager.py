@@ -758,7 +758,6 @@ def test_the_search_tries_the_length_whose_separator_is_nearest_first(tiny_victi
         assert found.ids == truth and tried == [len(truth)]
 
 
-
 def test_the_pick_keeps_lengths_that_complete_the_batchs_token_count(tiny_victim):
     """Under dropout nothing passes and the distances only rank: two short candidates that
     outrank the long one would make a batch whose lengths cannot sum to layer 2's rank. With
