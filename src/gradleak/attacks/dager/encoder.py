@@ -34,6 +34,8 @@ from gradleak.attacks.dager.lengths import LengthBudget, reaching_besides
 
 # Starts each length tries in the first round of turns; the limit doubles every round.
 ROUND_STARTS = 2
+# Lengths taken first for their [SEP]'s nearness to layer 2's span (``_by_separator``).
+NEAREST_SEPARATORS = 4
 
 
 def _always() -> bool:
@@ -123,12 +125,12 @@ class EncoderSearch(DescentSearch):
         """Every sentence length ending in a separator, searched from its starts while it
         may hold another of the batch's sentences (``until_found``: until one passes).
 
-        The lengths take turns, nearest separator first (``_by_separator``), each trying
-        starts up to a limit that doubles every round (``ROUND_STARTS`` first): a true first
-        token ranks among the first few of its length, so the batch's sentences are found
-        before any length spends its budget on a sentence that is not there. A descent that
-        fails is also tried one token shorter and one longer (``_one_off``): it may have
-        rebuilt a sentence of a neighbouring length but for its end.
+        The lengths take turns, those whose separator is nearest first (``_by_separator``),
+        each trying starts up to a limit that doubles every round (``ROUND_STARTS`` first): a
+        true first token ranks among the first few of its length, so the batch's sentences
+        are found before any length spends its budget on a sentence that is not there. A
+        descent that fails is also tried one token shorter and one longer (``_one_off``): it
+        may have rebuilt a sentence of a neighbouring length but for its end.
 
         A server that knows the sentences' ``lengths`` (special tokens included) searches
         only those, each for as many sentences as have it. Otherwise ``tokens``, the batch's
@@ -227,18 +229,18 @@ class EncoderSearch(DescentSearch):
         return found
 
     def _by_separator(self, contexts: dict[int, torch.Tensor]) -> list[int]:
-        """The sentence lengths of ``contexts`` (each length's filler sentence), the one
-        whose [SEP] lies nearest layer 2's span first.
+        """The sentence lengths of ``contexts`` (each length's filler sentence): the
+        ``NEAREST_SEPARATORS`` whose [SEP] lies nearest layer 2's span first, then the rest
+        shortest first.
 
-        A [SEP]'s layer-2 input hardly depends on the words before it (layer 1's [SEP]
-        attends mostly to the special tokens), so in the filler sentence it is near the span
-        where a sentence of the batch ends, and the batch's lengths lead: on Rotten
-        Tomatoes B=8 the first two to four of about 30 were true lengths
-        (docs/design/dager-encoder.md)."""
-        nearness = {
-            n: float(self._distances(context[None])[0, -1]) for n, context in contexts.items()
-        }
-        return sorted(contexts, key=nearness.__getitem__)
+        A [SEP]'s layer-2 input depends little on the words before it, so in the filler
+        sentence it is near the span where a sentence of the batch ends: on Rotten Tomatoes
+        B=8 the first two to four of about 30 lengths were true ones. Past those the
+        nearness hardly tells true lengths from false, and a shorter length's descents cost
+        less (docs/design/dager-encoder.md)."""
+        nearness = {n: float(self._distances(c[None])[0, -1]) for n, c in contexts.items()}
+        order = sorted(contexts, key=nearness.__getitem__)
+        return order[:NEAREST_SEPARATORS] + sorted(order[NEAREST_SEPARATORS:])
 
     def _frame(self, candidates: list[list[int]], tokenizer) -> Frame:
         """What every search starts from (see ``Frame``). A sentence needs one token between

@@ -21,7 +21,7 @@ from gradleak.attacks.dager import check as check_module
 from gradleak.attacks.dager.check import SpanCheck
 from gradleak.attacks.dager.decoder import DecoderSearch, _anchored
 from gradleak.attacks.dager.descent import Descent
-from gradleak.attacks.dager.encoder import Candidate, EncoderSearch
+from gradleak.attacks.dager.encoder import NEAREST_SEPARATORS, Candidate, EncoderSearch
 from gradleak.attacks.dager.joint import JointSearch, unheld, without
 from gradleak.attacks.dager.lengths import LengthBudget, rest_alive
 from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
@@ -736,8 +736,9 @@ def test_a_descent_one_token_off_the_sentences_length_passes_at_its_length(tiny_
 
 
 def test_the_search_tries_the_length_whose_separator_is_nearest_first(tiny_victim, monkeypatch):
-    """With a [SEP] allowed at every position, the lengths are tried nearest separator
-    first: the sentence's own length leads, and its first descent finds it."""
+    """With a [SEP] allowed at every position, the lengths whose separator is nearest the
+    span are tried first, then the rest shortest first: the sentence's own length leads,
+    and its first descent finds it."""
     search, truth, tokenizer = _one_sentence_search(tiny_victim)
     everywhere = sorted({*truth[1:-1], tokenizer.sep_token_id})
     candidates = [[truth[0]], *[everywhere] * (len(truth) + 4)]
@@ -753,7 +754,8 @@ def test_the_search_tries_the_length_whose_separator_is_nearest_first(tiny_victi
     with torch.no_grad():
         order = search._by_separator(frame.contexts)
         assert order[0] == len(truth) and sorted(order) == sorted(frame.contexts)
-        assert len(order) > 4  # shorter and longer lengths were there to be tried first
+        rest = order[NEAREST_SEPARATORS:]
+        assert rest and rest == sorted(rest) and min(order) < len(truth)
         (found,) = search.sentences(frame, tokenizer, until_found=True)
         assert found.ids == truth and tried == [len(truth)]
 
