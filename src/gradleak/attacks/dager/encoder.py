@@ -233,11 +233,10 @@ class EncoderSearch(DescentSearch):
         ``NEAREST_SEPARATORS`` whose [SEP] lies nearest layer 2's span first, then the rest
         shortest first.
 
-        A [SEP]'s layer-2 input depends little on the words before it, so in the filler
-        sentence it is near the span where a sentence of the batch ends: on Rotten Tomatoes
-        B=8 the first two to four of about 30 lengths were true ones. Past those the
-        nearness hardly tells true lengths from false, and a shorter length's descents cost
-        less (docs/design/dager-encoder.md)."""
+        Even with filler words before it, a [SEP] placed where a sentence of the batch ends
+        lies nearer the span than elsewhere: on Rotten Tomatoes B=8 the first two to four of
+        about 30 lengths were true ones. Past those the nearness hardly tells true lengths
+        from false, and a shorter length's descents cost less (docs/design/dager-encoder.md)."""
         nearness = {n: float(self._distances(c[None])[0, -1]) for n, c in contexts.items()}
         order = sorted(contexts, key=nearness.__getitem__)
         return order[:NEAREST_SEPARATORS] + sorted(order[NEAREST_SEPARATORS:])
