@@ -10,6 +10,7 @@ also caught ``o`` that way).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,21 +135,37 @@ class ModelAdapter:
         Runs the real forward pass only up to block ``layer`` (a pre-hook stops it there), so
         masks and positions are the model's own.
         """
-        block = self.layers(model)[layer]
-        captured: dict[str, torch.Tensor] = {}
+        return self.layer_inputs(model, [layer], inputs)[0]
 
-        def capture(_module, args, kwargs):
-            captured["hidden"] = args[0] if args else kwargs["hidden_states"]
-            raise _StopForward
+    def layer_inputs(
+        self, model: nn.Module, layers: Sequence[int], inputs: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """``layer_input`` of several blocks from one forward pass, which stops before the
+        last of them."""
+        blocks = self.layers(model)
+        captured: dict[int, torch.Tensor] = {}
+        last = max(layers)
 
-        handle = block.register_forward_pre_hook(capture, with_kwargs=True)
+        def capture(layer: int):
+            def hook(_module, args, kwargs):
+                captured[layer] = args[0] if args else kwargs["hidden_states"]
+                if layer == last:
+                    raise _StopForward
+
+            return hook
+
+        handles = [
+            blocks[layer].register_forward_pre_hook(capture(layer), with_kwargs=True)
+            for layer in sorted(set(layers))
+        ]
         try:
             self.backbone(model)(**inputs)
         except _StopForward:
             pass
         finally:
-            handle.remove()
-        return self.input_norm(model, layer)(captured["hidden"])
+            for handle in handles:
+                handle.remove()
+        return [self.input_norm(model, layer)(captured[layer]) for layer in layers]
 
     def layer_input_cached(
         self,
@@ -167,6 +184,18 @@ class ModelAdapter:
         ``layer`` (as in ``layer_input``), so it holds exactly the blocks before it. Only for
         families with ``supports_kv_cache``.
         """
+        (hidden,), present = self.layer_inputs_cached(model, [layer], input_ids, past)
+        return hidden, present
+
+    def layer_inputs_cached(
+        self,
+        model: nn.Module,
+        layers: Sequence[int],
+        input_ids: torch.Tensor,
+        past: PastKeyValues,
+    ) -> tuple[list[torch.Tensor], PastKeyValues]:
+        """``layer_input_cached`` of several blocks at once: ``past`` and the returned cache
+        hold the blocks before the last of ``layers``."""
         if not self.supports_kv_cache:
             raise NotImplementedError(f"{self.family} has no key/value cache path")
         cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
@@ -180,8 +209,8 @@ class ModelAdapter:
             "past_key_values": cache,
             "use_cache": True,
         }
-        hidden = self.layer_input(model, layer, inputs)
-        return hidden, [(block.keys, block.values) for block in cache.layers[:layer]]
+        hidden = self.layer_inputs(model, layers, inputs)
+        return hidden, [(block.keys, block.values) for block in cache.layers[: max(layers)]]
 
     # --- one encoder block at chosen positions (``supports_block_rows``) -------------------
     def block_keys_values(

@@ -41,6 +41,7 @@ import torch
 
 from gradleak.attacks.base import Attack, Reconstruction, Refusal
 from gradleak.attacks.dager.bag import token_bag
+from gradleak.attacks.dager.branches import branch_search
 from gradleak.attacks.dager.check import DagerPlan, LayerCheck, layer_check, rank_cut
 from gradleak.attacks.dager.confirm import batch_rows, confirmed_batch
 from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, start_tokens
@@ -211,7 +212,8 @@ class DagerAttack(Attack[DagerSettings]):
                 if rows is None:
                     sentences = pick_distinct(found, knowledge.batch_size)
                 else:
-                    sentences = confirmed_batch(rows, found, update, knowledge, state)
+                    grow = branch_search(update, knowledge, layer2, self.settings)
+                    sentences = confirmed_batch(rows, found, update, knowledge, state, grow)
             elif self.settings.peel and peelable(update, knowledge) and exact_count:
                 sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
             else:

@@ -22,11 +22,13 @@ the sentence's.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from gradleak.attacks.dager.branches import LENGTH_MARGIN, BranchSearch
 from gradleak.attacks.dager.embedding import moved_tokens, table_update
 from gradleak.attacks.dager.peel import classes
 from gradleak.attacks.dager.search import SearchState, one_edit, pick_distinct
@@ -152,17 +154,38 @@ def confirmed_batch(
     update: UpdatePayload,
     knowledge: ServerKnowledge,
     state: SearchState,
+    branches: BranchSearch | None = None,
 ) -> list[tuple[list[int], float | None]]:
     """The batch among a decoder search's finished prefixes (``found``, with their layer-2
     distances): the sentences the rows confirm first, then the search's own picks among the
     rest (none within one edit of a confirmed sentence, none holding a token the confirmed
-    ones explain whole)."""
+    ones explain whole). ``branches``: where given, the sentences the rows have not confirmed
+    among the search's are grown again from their likely first tokens (``branches.py``)."""
     size = knowledge.batch_size
     seeds = [ids for ids, _ in sorted(found, key=lambda item: item[1])[:ROW_SEEDS]]
     labels = classes(knowledge)
     labels = labels[:1] if len(labels) == 2 else labels  # two classes: one direction
     mode = update.metadata.get("mode", "eval")
-    confirmed = confirm(rows, knowledge.global_model, mode, seeds, labels, size)
+    gm = knowledge.global_model
+    confirmed = confirm(rows, gm, mode, seeds, labels, size)
+    # A sentence rarely repeats a token: no longer than the batch has distinct tokens.
+    longest = min(max((len(ids) for ids, _ in found), default=0), len(rows.rows)) + LENGTH_MARGIN
+    while branches is not None and len(confirmed) < size:
+        # Beams over the tokens the confirmed sentences have not spent, for the sentences
+        # left; a round that confirms nothing ends the search.
+        before = len(confirmed)
+        spent = rows.spent_tokens()
+        bag = [token for token in sorted(rows.rows) if token not in spent]
+        started = time.perf_counter()
+        grown = branches.run(bag, size - before, longest)
+        grown_s = time.perf_counter() - started
+        confirmed = confirm(rows, gm, mode, grown, labels, size)
+        state.notes.append(
+            f"beams per first token over {len(bag)} tokens, up to {longest} long "
+            f"({grown_s:.0f} s): {len(confirmed) - before} more confirmed"
+        )
+        if len(confirmed) == before:
+            break
     state.notes.append(f"{len(confirmed)} of {size} sentences confirmed by the embedding rows")
     spent = rows.spent_tokens()
     rest = [

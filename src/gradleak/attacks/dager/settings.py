@@ -60,6 +60,12 @@ class DagerSettings(AttackSettings):
         "batch first, with the search's prefixes a token short or long completed (not in "
         "the paper)",
     )
+    branches: bool = Field(
+        True,
+        description="with confirm_rows: the sentences the rows have not confirmed are grown "
+        "again from each likely first token, one beam each, scored by layers 2 to 4 and the "
+        "model's prior, for the rows to check (not in the paper)",
+    )
     sentence_layer: int | None = Field(
         None,
         ge=2,

@@ -326,6 +326,7 @@ def test_settings_keep_their_defaults_and_validation_and_describe_every_option()
         "peel": True,
         "embedding_rows": True,
         "confirm_rows": True,
+        "branches": True,
         "sentence_layer": None,
         "sparse": True,
         "chunk": 256,

@@ -105,3 +105,18 @@ def test_no_rows_to_confirm_by_under_pruning(tiny_victim):
     update, knowledge, _ = noised_round(tiny_victim("tiny-llama"), sigma=0.1)
     pruned = replace(knowledge, defenses=(*knowledge.defenses, PruneSettings(keep=0.5)))
     assert batch_rows(update, pruned) is None
+
+
+def test_beams_per_first_token_recover_the_batch_the_prefix_search_misses(tiny_victim):
+    """Relative noise 0.1: the prefix search finds neither sentence close enough for the rows;
+    one beam per likely first token, scored by layers 2 and 3, grows the first, and a second
+    round over the tokens it did not spend grows the other."""
+    update, knowledge, sentences = noised_round(tiny_victim("tiny-llama"), sigma=0.1)
+    results = {}
+    for on in (False, True):
+        attack = DagerAttack(DagerSettings(branches=on))
+        results[on] = attack.run(update, knowledge, attack.check(update, knowledge), seed=0)
+    assert not set(map(tuple, results[False].token_ids)) & set(map(tuple, sentences))
+    assert sorted(results[True].token_ids) == sorted(sentences)
+    rounds = [n for n in results[True].info["notes"] if n.startswith("beams per first token")]
+    assert len(rounds) == 2 and all(n.endswith("1 more confirmed") for n in rounds)
