@@ -39,6 +39,9 @@ HANDED = 2
 # the prior's 10th to 20th choice among the batch's tokens, where the layers still rank it
 # first.
 PRIOR_WEIGHT = 0.2
+# A beam stops once its best prefix scores this far below the best ending it has handed
+# over: the check takes the best-scored candidates first, and would not reach its later ones.
+STOP_MARGIN = 8.0
 # Layers after layer 2 whose spans also score an extension.
 DEEPER = 2
 # A beam grows this many tokens past the longest sentence the prefix search finished.
@@ -122,6 +125,8 @@ class BranchSearch:
                 ends = ends + logp[:, self.prior.marker].double()
             for row in range(min(HANDED, len(scores))):
                 kept.append((ids[row].tolist(), float(scores[row] + ends[row])))
+            if float(scores.max()) < max(score for _, score in kept) - STOP_MARGIN:
+                break
             total = (scores[:, None] + step.log_softmax(dim=-1)).flatten()
             best = total.topk(min(WIDTH, total.numel()))
             parent = best.indices // len(tokens)

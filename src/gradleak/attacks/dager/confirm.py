@@ -55,6 +55,8 @@ CHUNK = 32
 # next round.
 ROW_SEEDS = 24
 CHECK_BUDGET = 320
+# Sentences checked in each round of beams (their best, ``branches.py``).
+ROUND_BUDGET = 320
 APPENDS = 4
 DROPS = 2
 REPLACEMENTS = 2
@@ -179,7 +181,7 @@ def confirmed_batch(
         started = time.perf_counter()
         grown = branches.run(bag, size - before, longest)
         grown_s = time.perf_counter() - started
-        confirmed = confirm(rows, gm, mode, grown, labels, size)
+        confirmed = confirm(rows, gm, mode, grown, labels, size, ROUND_BUDGET)
         state.notes.append(
             f"beams per first token over {len(bag)} tokens, up to {longest} long "
             f"({grown_s:.0f} s): {len(confirmed) - before} more confirmed"
@@ -203,11 +205,12 @@ def confirm(
     seeds: Sequence[list[int]],
     labels: Sequence[int],
     limit: int,
+    budget: int = CHECK_BUDGET,
 ) -> list[Confirmed]:
     """The sentences the rows confirm, at most ``limit``: the ``seeds`` (the search's
     finished prefixes, best first), then rounds of their completions (``completions``) for
-    the candidates no confirmed sentence is within one edit of, ``CHECK_BUDGET`` sentences
-    checked in all."""
+    the candidates no confirmed sentence is within one edit of, ``budget`` sentences checked
+    in all."""
     checked: dict[tuple[int, ...], OwnRows] = {}
     pending: dict[tuple[int, ...], OwnRows] = {}
     bag = sorted(rows.rows)
@@ -219,7 +222,7 @@ def confirm(
             for c in dict.fromkeys(map(tuple, candidates))
             if c and c not in checked and spent.isdisjoint(c)
         ]
-        new = new[: max(0, CHECK_BUDGET - len(checked))]
+        new = new[: max(0, budget - len(checked))]
         own = own_rows(gm, mode, [list(c) for c in new], labels, bag)
         checked.update(zip(new, own, strict=True))
         pending.update(zip(new, own, strict=True))
@@ -227,7 +230,7 @@ def confirm(
         return new
 
     frontier = check(seeds)
-    while frontier and len(rows.confirmed) < limit and len(checked) < CHECK_BUDGET:
+    while frontier and len(rows.confirmed) < limit and len(checked) < budget:
         open_ = [c for c in frontier if c in pending and not _near_confirmed(c, rows)]
         frontier = check([grown for c in open_ for grown in completions(c, checked[c])])
     return rows.confirmed
