@@ -5,8 +5,8 @@ batch's other tokens, and the prefix search, which keeps the batch's nearest tri
 prefixes at once, loses the weaker sentences to variants of the strongest. Here each likely
 first token grows a beam of its own, so that one sentence's variants cannot crowd out another
 sentence, and an extension is scored by the mean log distance of its new position to the cut
-spans of layers 2 to 4 (each layer's noise is drawn apart, and the deeper layers mix more of
-the prefix into a position) plus a light language prior. No prefix is judged by a cut: the
+spans of layers 2 to 4 (each layer's noise is drawn on its own) plus a light language
+prior. No prefix is judged by a cut: the
 best few of each beam at every length are handed to the embedding rows' whole-sentence check
 (``confirm.py``), which tells the true sentences from the rest. Measured:
 docs/design/dager-noise.md.
