@@ -35,6 +35,7 @@ a public sign compression is refused (``refusals.py``).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import ClassVar, Literal
 
 import torch
@@ -212,7 +213,7 @@ class DagerAttack(Attack[DagerSettings]):
                 if rows is None:
                     sentences = pick_distinct(found, knowledge.batch_size)
                 else:
-                    grow = branch_search(update, knowledge, layer2, self.settings)
+                    grow = partial(branch_search, update, knowledge, layer2, self.settings)
                     sentences = confirmed_batch(rows, found, update, knowledge, state, grow)
             elif self.settings.peel and peelable(update, knowledge) and exact_count:
                 sentences = self._peeling(update, knowledge, plan, hf, candidates, state)

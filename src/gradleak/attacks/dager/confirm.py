@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -55,8 +55,6 @@ CHUNK = 32
 # next round.
 ROW_SEEDS = 24
 CHECK_BUDGET = 320
-# Sentences checked in each round of beams (their best, ``branches.py``).
-ROUND_BUDGET = 320
 APPENDS = 4
 DROPS = 2
 REPLACEMENTS = 2
@@ -156,13 +154,14 @@ def confirmed_batch(
     update: UpdatePayload,
     knowledge: ServerKnowledge,
     state: SearchState,
-    branches: BranchSearch | None = None,
+    branches: Callable[[], BranchSearch | None] | None = None,
 ) -> list[tuple[list[int], float | None]]:
     """The batch among a decoder search's finished prefixes (``found``, with their layer-2
     distances): the sentences the rows confirm first, then the search's own picks among the
     rest (none within one edit of a confirmed sentence, none holding a token the confirmed
     ones explain whole). ``branches``: where given, the sentences the rows have not confirmed
-    among the search's are grown again from their likely first tokens (``branches.py``)."""
+    among the search's are grown again from their likely first tokens (``branches.py``); the
+    search is built only then (its deeper layers' spans cost a decomposition each)."""
     size = knowledge.batch_size
     seeds = [ids for ids, _ in sorted(found, key=lambda item: item[1])[:ROW_SEEDS]]
     labels = classes(knowledge)
@@ -172,16 +171,17 @@ def confirmed_batch(
     confirmed = confirm(rows, gm, mode, seeds, labels, size)
     # A sentence rarely repeats a token: no longer than the batch has distinct tokens.
     longest = min(max((len(ids) for ids, _ in found), default=0), len(rows.rows)) + LENGTH_MARGIN
-    while branches is not None and len(confirmed) < size:
+    search = branches() if branches is not None and len(confirmed) < size else None
+    while search is not None and len(confirmed) < size:
         # Beams over the tokens the confirmed sentences have not spent, for the sentences
         # left; a round that confirms nothing ends the search.
         before = len(confirmed)
         spent = rows.spent_tokens()
         bag = [token for token in sorted(rows.rows) if token not in spent]
         started = time.perf_counter()
-        grown = branches.run(bag, size - before, longest)
+        grown = search.run(bag, size - before, longest)
         grown_s = time.perf_counter() - started
-        confirmed = confirm(rows, gm, mode, grown, labels, size, ROUND_BUDGET)
+        confirmed = confirm(rows, gm, mode, grown, labels, size)
         state.notes.append(
             f"beams per first token over {len(bag)} tokens, up to {longest} long "
             f"({grown_s:.0f} s): {len(confirmed) - before} more confirmed"
@@ -205,12 +205,11 @@ def confirm(
     seeds: Sequence[list[int]],
     labels: Sequence[int],
     limit: int,
-    budget: int = CHECK_BUDGET,
 ) -> list[Confirmed]:
     """The sentences the rows confirm, at most ``limit``: the ``seeds`` (the search's
     finished prefixes, best first), then rounds of their completions (``completions``) for
-    the candidates no confirmed sentence is within one edit of, ``budget`` sentences checked
-    in all."""
+    the candidates no confirmed sentence is within one edit of, ``CHECK_BUDGET`` sentences
+    checked in all."""
     checked: dict[tuple[int, ...], OwnRows] = {}
     pending: dict[tuple[int, ...], OwnRows] = {}
     bag = sorted(rows.rows)
@@ -222,7 +221,7 @@ def confirm(
             for c in dict.fromkeys(map(tuple, candidates))
             if c and c not in checked and spent.isdisjoint(c)
         ]
-        new = new[: max(0, budget - len(checked))]
+        new = new[: max(0, CHECK_BUDGET - len(checked))]
         own = own_rows(gm, mode, [list(c) for c in new], labels, bag)
         checked.update(zip(new, own, strict=True))
         pending.update(zip(new, own, strict=True))
@@ -230,7 +229,7 @@ def confirm(
         return new
 
     frontier = check(seeds)
-    while frontier and len(rows.confirmed) < limit and len(checked) < budget:
+    while frontier and len(rows.confirmed) < limit and len(checked) < CHECK_BUDGET:
         open_ = [c for c in frontier if c in pending and not _near_confirmed(c, rows)]
         frontier = check([grown for c in open_ for grown in completions(c, checked[c])])
     return rows.confirmed
