@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from gradleak.attacks.dager.check import LayerCheck, layer_check
+from gradleak.attacks.dager.decoder import last_position_distance
 from gradleak.attacks.dager.settings import DagerSettings
 from gradleak.errors import GradleakError
 from gradleak.federated.payload import UpdatePayload
@@ -156,17 +157,14 @@ class BranchSearch:
             past = [(keys[repeat], values[repeat]) for keys, values in past]
         with torch.no_grad():
             hidden, present = self.adapter.layer_inputs_cached(self.hf, layers, new, past)
-        logs = [
-            check.distance(h[:, -1].to(torch.float64)).clamp_min(1e-300).log()
-            for check, h in zip(self.checks, hidden, strict=True)
-        ]
-        score = -torch.stack(logs).mean(dim=0)
         inputs = hidden[0][:, -1]
-        if last is not None:
-            previous = last.repeat_interleave(len(tokens), dim=0)
-            change = torch.linalg.vector_norm(inputs - previous, dim=-1)
-            same = change <= 1e-6 * torch.linalg.vector_norm(inputs, dim=-1)
-            score = score.masked_fill(same, -torch.inf)
+        previous = None if last is None else last.repeat_interleave(len(tokens), dim=0)
+        logs = [last_position_distance(self.checks[0], inputs, previous)]
+        logs += [
+            check.distance(h[:, -1].to(torch.float64))
+            for check, h in zip(self.checks[1:], hidden[1:], strict=True)
+        ]
+        score = -torch.stack(logs).clamp_min(1e-300).log().mean(dim=0)
         return score.view(width, len(tokens)), present, inputs
 
 

@@ -250,10 +250,10 @@ class DecoderSearch(SentenceSearch):
     def _trial_distances(
         self, beam: Beam, parents: torch.Tensor, tokens: torch.Tensor
     ) -> torch.Tensor:
-        """Layer-2 distance of each trial's new last position (see ``_last_position_distance``)."""
+        """Layer-2 distance of each trial's new last position (see ``last_position_distance``)."""
         return torch.cat(
             [
-                _last_position_distance(self.layer2, ext.last, ext.previous)
+                last_position_distance(self.layer2, ext.last, ext.previous)
                 for ext in self._extensions(beam, parents, tokens)
             ]
         )
@@ -278,7 +278,7 @@ class DecoderSearch(SentenceSearch):
         return Beam(ids, scores, past=past, last_input=last_input)
 
 
-def _last_position_distance(
+def last_position_distance(
     layer2: LayerCheck, last: torch.Tensor, previous: torch.Tensor | None
 ) -> torch.Tensor:
     """Layer-2 distance of each sequence's last position, for the decoder search.
