@@ -34,9 +34,12 @@ from gradleak.models.tasks import unwrap
 # Beams grown: this many per sentence of the batch, plus two (a weak sentence's first token
 # may rank below every strong sentence's first tokens and some of their inner words).
 BRANCHES_PER_SENTENCE = 2
-# Prefixes each beam keeps at every length, and of them the best handed to the check.
+# Prefixes each beam keeps at every length: at least ``WIDTH``, and more over a small bag, to
+# about ``TRIALS`` trials a step (a narrow beam over a few tokens wastes the step's pass); of
+# them the best handed to the check.
 WIDTH = 16
-HANDED = 2
+TRIALS = 1024
+HANDED = 8
 # The language prior's weight beside the layers' mean log distance: a content word is often
 # the prior's 10th to 20th choice among the batch's tokens, where the layers still rank it
 # first.
@@ -48,9 +51,6 @@ STOP_MARGIN = 8.0
 DEEPER = 2
 # A beam grows this many tokens past the longest sentence the prefix search finished.
 LENGTH_MARGIN = 4
-# For the batch's last sentence, whose tokens are known, each beam is widened to about this
-# many trials a step (the bag is then small: a narrow beam would waste the step's pass).
-LAST_TRIALS = 1024
 
 
 @dataclass
@@ -88,14 +88,13 @@ class BranchSearch:
     def run(
         self, bag: Sequence[int], batch_size: int, longest: int, required: Sequence[int] = ()
     ) -> list[list[int]]:
-        """Candidate sentences over the tokens ``bag``, best first: each beam's ``HANDED``
-        best prefixes at every length up to ``longest``, ordered by how well each ends.
+        """Candidate sentences over the tokens ``bag``, best first (``ranked``): each
+        beam's ``HANDED`` best prefixes at every length up to ``longest``.
 
         ``required``: for the batch's last sentence, the tokens it must hold (those of the
-        rows no confirmed sentence holds). Then every token of the bag starts a beam, the
-        beams widen to ``LAST_TRIALS`` trials a step, a prefix that could no longer hold
-        them all within ``longest`` is dropped, and every prefix that holds them all is handed
-        over, and no other."""
+        rows no confirmed sentence holds). Then every token of the bag starts a beam, a
+        prefix that could no longer hold them all within ``longest`` is dropped, and every
+        prefix that holds them all is handed over, and no other."""
         tokens = torch.tensor(list(bag), device=self.hf.device)
         layers = [check.layer for check in self.checks]
         firsts, _, _ = self._scores(tokens, layers, [], None, 1)
@@ -110,8 +109,7 @@ class BranchSearch:
         for index in order:
             first, score = int(tokens[index]), float(firsts[0, index])
             found += self._branch(beam, layers, first, score)
-        found.sort(key=lambda item: -item[1])
-        return [ids for ids, _ in found]
+        return ranked(found)
 
     def _branch(
         self, beam: BeamPlan, layers: list[int], first: int, score: float
@@ -183,6 +181,14 @@ class BranchSearch:
         return score.view(width, len(tokens)), present, inputs
 
 
+def ranked(found: list[tuple[list[int], float]]) -> list[list[int]]:
+    """Candidates (with the score of how well each ends: summed log-probabilities) best first,
+    by the score divided by the square root of the length: a sum favours short candidates
+    (the length penalty of neural translation's beam search)."""
+    found = sorted(found, key=lambda item: -item[1] / math.sqrt(len(item[0])))
+    return [ids for ids, _ in found]
+
+
 @dataclass
 class BeamPlan:
     """What every beam of one run shares: the bag's tokens, how wide and how long a beam
@@ -198,8 +204,7 @@ class BeamPlan:
         must = torch.isin(
             tokens, torch.tensor(list(required), dtype=torch.long, device=tokens.device)
         )
-        width = max(WIDTH, LAST_TRIALS // len(tokens)) if required else WIDTH
-        return cls(tokens, must, width, longest)
+        return cls(tokens, must, max(WIDTH, TRIALS // len(tokens)), longest)
 
     def _missing(self, ids: torch.Tensor) -> torch.Tensor:
         """``[k, n]``: the required tokens each prefix of ``ids`` ``[k, L]`` does not hold."""

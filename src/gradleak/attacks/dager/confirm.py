@@ -174,8 +174,7 @@ def confirmed_batch(
     mode = update.metadata.get("mode", "eval")
     gm = knowledge.global_model
     confirmed = confirm(rows, gm, mode, seeds, labels, size)
-    # A sentence rarely repeats a token: no longer than the batch has distinct tokens.
-    longest = min(max((len(ids) for ids, _ in found), default=0), len(rows.rows)) + LENGTH_MARGIN
+    found_longest = max((len(ids) for ids, _ in found), default=0)
     search = branches() if branches is not None and len(confirmed) < size else None
     while search is not None and len(confirmed) < size:
         # Beams over the tokens the confirmed sentences have not spent, for the sentences
@@ -183,6 +182,8 @@ def confirmed_batch(
         before = len(confirmed)
         spent = rows.spent_tokens()
         bag = [token for token in sorted(rows.rows) if token not in spent]
+        # A sentence rarely repeats a token: no longer than the bag has tokens.
+        longest = min(found_longest, len(bag)) + LENGTH_MARGIN
         # The last sentence holds every token no confirmed one does.
         required = sorted(rows.unheld_tokens()) if size - before == 1 else []
         started = time.perf_counter()

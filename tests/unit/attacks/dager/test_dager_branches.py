@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from gradleak.attacks.dager.branches import HANDED, WIDTH, BeamPlan, PriorReader
+from gradleak.attacks.dager.branches import (
+    HANDED,
+    TRIALS,
+    WIDTH,
+    BeamPlan,
+    PriorReader,
+    ranked,
+)
 from gradleak.models.tasks import unwrap
 
 
@@ -48,10 +55,12 @@ def test_the_last_sentence_is_handed_only_holding_every_required_token():
     prefixes = torch.tensor([[4, 7, 7], [9, 12, 4], [12, 4, 7], [7, 9, 12]])
     ends = torch.tensor([-1.0, -2.0, -3.0, -4.0], dtype=torch.float64)
     anywhere = BeamPlan.of(bag, [], longest=6)
-    assert anywhere.width == WIDTH
-    assert [ids for ids, _ in anywhere.handed(prefixes, ends)] == prefixes[:HANDED].tolist()
+    assert anywhere.width == TRIALS // 4  # four tokens: the beam widens to its trials a step
+    assert BeamPlan.of(torch.arange(2 * TRIALS), [], longest=6).width == WIDTH
+    many = torch.arange(3 * (HANDED + 3)).view(HANDED + 3, 3) % 4 * 3 + 4  # more than are handed
+    scored = torch.arange(HANDED + 3, dtype=torch.float64)
+    assert [ids for ids, _ in anywhere.handed(many, scored)] == many[:HANDED].tolist()
     last = BeamPlan.of(bag, [4, 12], longest=6)
-    assert last.width > WIDTH  # four tokens: the beam widens to its trials a step
     handed = last.handed(prefixes, ends)
     assert handed == [([9, 12, 4], -2.0), ([12, 4, 7], -3.0)]
 
@@ -65,3 +74,9 @@ def test_an_extension_that_leaves_no_room_for_the_required_tokens_is_dropped():
     assert allowed.tolist() == [[False, False, True, True], [True, True, True, True]]
     assert last.reachable(torch.tensor([[4, 7]])).shape == (1, 4)
     assert BeamPlan.of(bag, [], longest=4).reachable(torch.tensor([[4, 7]])) == 0.0
+
+
+def test_candidates_are_ranked_by_their_score_over_the_root_of_their_length():
+    # a sum of log-probabilities: the short candidate's -3 is worse than -5 over four tokens
+    found = [([4], -3.0), ([4, 7, 9, 12], -5.0), ([7, 9], -8.0)]
+    assert ranked(found) == [[4, 7, 9, 12], [4], [7, 9]]
