@@ -182,11 +182,15 @@ class BranchSearch:
 
 
 def ranked(found: list[tuple[list[int], float]]) -> list[list[int]]:
-    """Candidates (with the score of how well each ends: summed log-probabilities) best first,
-    by the score divided by the square root of the length: a sum favours short candidates
-    (the length penalty of neural translation's beam search)."""
-    found = sorted(found, key=lambda item: -item[1] / math.sqrt(len(item[0])))
-    return [ids for ids, _ in found]
+    """Candidates (with the score of how well each ends: summed log-probabilities) best first:
+    taken in turn from two orders, by the score and by the score over the root of the length.
+    A sum favours short candidates, so a long sentence ranks far down the first order (the
+    length penalty of neural translation's beam search divides it off); a short sentence
+    ranks far down the second."""
+    by_sum = sorted(found, key=lambda item: -item[1])
+    by_length = sorted(found, key=lambda item: -item[1] / math.sqrt(len(item[0])))
+    alternating = (ids for pair in zip(by_sum, by_length, strict=True) for ids, _ in pair)
+    return [list(ids) for ids in dict.fromkeys(map(tuple, alternating))]
 
 
 @dataclass

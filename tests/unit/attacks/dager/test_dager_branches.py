@@ -1,6 +1,6 @@
 """The pieces of the beams per first token: several layers' inputs from one cached pass, the
 prior read step by step from a cache, and the last sentence's beams, which must hold the
-tokens no confirmed sentence holds."""
+tokens no confirmed sentence holds, and the order the candidates go to the check in."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_an_extension_that_leaves_no_room_for_the_required_tokens_is_dropped():
     assert BeamPlan.of(bag, [], longest=4).reachable(torch.tensor([[4, 7]])) == 0.0
 
 
-def test_candidates_are_ranked_by_their_score_over_the_root_of_their_length():
-    # a sum of log-probabilities: the short candidate's -3 is worse than -5 over four tokens
-    found = [([4], -3.0), ([4, 7, 9, 12], -5.0), ([7, 9], -8.0)]
-    assert ranked(found) == [[4, 7, 9, 12], [4], [7, 9]]
+def test_candidates_are_ranked_in_turn_by_their_score_and_by_it_over_the_root_of_the_length():
+    # by the sum: [4] (-3), [9] (-4), [4, 7, 9, 12] (-5), [7, 9] (-8); over the root of the
+    # length: [4, 7, 9, 12] (-2.5), [4] (-3), [9] (-4), [7, 9] (-5.7)
+    found = [([4], -3.0), ([9], -4.0), ([4, 7, 9, 12], -5.0), ([7, 9], -8.0)]
+    assert ranked(found) == [[4], [4, 7, 9, 12], [9], [7, 9]]
