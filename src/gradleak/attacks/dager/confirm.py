@@ -117,11 +117,6 @@ class BatchRows:
             if float(torch.linalg.vector_norm(self.rows[token])) <= self.tolerance(self.rows[token])
         }
 
-    def unheld_tokens(self) -> set[int]:
-        """The batch's tokens no confirmed sentence holds: the sentences left hold them."""
-        theirs = {token for sentence in self.confirmed for token in sentence.ids}
-        return set(self.rows) - theirs
-
     def take_off(self, ids: list[int], gradients: dict[int, torch.Tensor], scale: float) -> None:
         """Remove a confirmed sentence's share from the rows."""
         for token, own in gradients.items():
@@ -174,7 +169,8 @@ def confirmed_batch(
     mode = update.metadata.get("mode", "eval")
     gm = knowledge.global_model
     confirmed = confirm(rows, gm, mode, seeds, labels, size)
-    found_longest = max((len(ids) for ids, _ in found), default=0)
+    # A sentence rarely repeats a token: no longer than the batch has distinct tokens.
+    longest = min(max((len(ids) for ids, _ in found), default=0), len(rows.rows)) + LENGTH_MARGIN
     search = branches() if branches is not None and len(confirmed) < size else None
     while search is not None and len(confirmed) < size:
         # Beams over the tokens the confirmed sentences have not spent, for the sentences
@@ -182,17 +178,12 @@ def confirmed_batch(
         before = len(confirmed)
         spent = rows.spent_tokens()
         bag = [token for token in sorted(rows.rows) if token not in spent]
-        # A sentence rarely repeats a token: no longer than the bag has tokens.
-        longest = min(found_longest, len(bag)) + LENGTH_MARGIN
-        # The last sentence holds every token no confirmed one does.
-        required = sorted(rows.unheld_tokens()) if size - before == 1 else []
         started = time.perf_counter()
-        grown = search.run(bag, size - before, longest, required)
+        grown = search.run(bag, size - before, longest)
         grown_s = time.perf_counter() - started
         confirmed = confirm(rows, gm, mode, grown, labels, size)
-        last = f", the last sentence holding {len(required)} of them" if required else ""
         state.notes.append(
-            f"beams per first token over {len(bag)} tokens{last}, up to {longest} long "
+            f"beams per first token over {len(bag)} tokens, up to {longest} long "
             f"({grown_s:.0f} s): {len(confirmed) - before} more confirmed"
         )
         if len(confirmed) == before:
