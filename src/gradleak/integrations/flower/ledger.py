@@ -58,8 +58,10 @@ class Ledger:
         self.path = Path(path)
 
     def _connect(self) -> sqlite3.Connection:
+        # No journal-mode switch here: SQLite answers a switch racing another connection with
+        # "database is locked" at once, past the busy timeout (clients in parallel actors
+        # did). The file is put in WAL mode once, when it is made (:func:`_create_private`).
         connection = sqlite3.connect(self.path, timeout=60.0)
-        connection.execute("PRAGMA journal_mode=WAL")
         connection.executescript(SCHEMA)
         return connection
 
@@ -161,6 +163,12 @@ def _locked_folder() -> tuple[Path, int | None]:
 
 
 def _create_private(path: Path) -> None:
-    """An empty file readable by this user only (SQLite gives its -wal and -shm files the same
-    mode)."""
+    """A new ledger file readable by this user only (SQLite gives its -wal and -shm files the
+    same mode), in WAL mode (kept by the file) so that clients write while the evaluator reads."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.executescript(SCHEMA)
+    finally:
+        connection.close()
