@@ -14,6 +14,7 @@ docs/design/dager-noise.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ STOP_MARGIN = 8.0
 DEEPER = 2
 # A beam grows this many tokens past the longest sentence the prefix search finished.
 LENGTH_MARGIN = 4
+# For the batch's last sentence, whose tokens are known, each beam is widened to about this
+# many trials a step (the bag is then small: a narrow beam would waste the step's pass).
+LAST_TRIALS = 1024
 
 
 @dataclass
@@ -81,9 +85,17 @@ class BranchSearch:
     checks: list[LayerCheck]  # layers 2, 3, ... (their cut spans)
     prior: PriorReader | None
 
-    def run(self, bag: Sequence[int], batch_size: int, longest: int) -> list[list[int]]:
+    def run(
+        self, bag: Sequence[int], batch_size: int, longest: int, required: Sequence[int] = ()
+    ) -> list[list[int]]:
         """Candidate sentences over the tokens ``bag``, best first: each beam's ``HANDED``
-        best prefixes at every length up to ``longest``, ordered by how well each ends."""
+        best prefixes at every length up to ``longest``, ordered by how well each ends.
+
+        ``required``: for the batch's last sentence, the tokens it must hold (those of the
+        rows no confirmed sentence holds). Then every token of the bag starts a beam, the
+        beams widen to ``LAST_TRIALS`` trials a step, a prefix that could no longer hold
+        them all within ``longest`` is dropped, and every prefix that holds them all is handed
+        over, and no other."""
         tokens = torch.tensor(list(bag), device=self.hf.device)
         layers = [check.layer for check in self.checks]
         firsts, _, _ = self._scores(tokens, layers, [], None, 1)
@@ -91,20 +103,22 @@ class BranchSearch:
             logp, _ = self.prior.start(1, tokens.device)
             firsts = firsts + PRIOR_WEIGHT * logp[:, tokens].log_softmax(dim=-1).double()
         firsts = firsts.log_softmax(dim=-1)
-        branches = BRANCHES_PER_SENTENCE * batch_size + 2
+        beam = BeamPlan.of(tokens, required, longest)
+        branches = len(bag) if required else BRANCHES_PER_SENTENCE * batch_size + 2
         order = firsts[0].argsort(descending=True)[:branches].tolist()
         found: list[tuple[list[int], float]] = []
         for index in order:
             first, score = int(tokens[index]), float(firsts[0, index])
-            found += self._branch(tokens, layers, first, score, longest)
+            found += self._branch(beam, layers, first, score)
         found.sort(key=lambda item: -item[1])
         return [ids for ids, _ in found]
 
     def _branch(
-        self, tokens: torch.Tensor, layers: list[int], first: int, score: float, longest: int
+        self, beam: BeamPlan, layers: list[int], first: int, score: float
     ) -> list[tuple[list[int], float]]:
         """One beam from ``first``: its best prefixes at each length, each with its score
         plus the evidence that it ends there."""
+        tokens = beam.tokens
         device = tokens.device
         ids = torch.tensor([[first]], device=device)
         scores = torch.tensor([score], dtype=torch.float64)
@@ -115,7 +129,7 @@ class BranchSearch:
         if self.prior is not None:
             _, prior_past = self.prior.start(1, device)
         kept: list[tuple[list[int], float]] = []
-        for _ in range(1, longest):
+        for _ in range(1, beam.longest):
             step, present, inputs = self._scores(tokens, layers, past, last, len(scores))
             # A prefix ends where no extension comes near the spans, and where the prior
             # expects the document to.
@@ -124,12 +138,13 @@ class BranchSearch:
                 logp, prior_past = self.prior.step(ids[:, -1:], prior_past)
                 step = step + PRIOR_WEIGHT * logp[:, tokens].log_softmax(dim=-1).double()
                 ends = ends + logp[:, self.prior.marker].double()
-            for row in range(min(HANDED, len(scores))):
-                kept.append((ids[row].tolist(), float(scores[row] + ends[row])))
-            if float(scores.max()) < max(score for _, score in kept) - STOP_MARGIN:
+            kept += beam.handed(ids, scores + ends)
+            if kept and float(scores.max()) < max(score for _, score in kept) - STOP_MARGIN:
                 break
-            total = (scores[:, None] + step.log_softmax(dim=-1)).flatten()
-            best = total.topk(min(WIDTH, total.numel()))
+            total = (scores[:, None] + step.log_softmax(dim=-1) + beam.reachable(ids)).flatten()
+            best = total.topk(min(beam.width, int(torch.isfinite(total).sum())))
+            if not len(best.values):
+                break
             parent = best.indices // len(tokens)
             ids = torch.cat([ids[parent], tokens[best.indices % len(tokens), None]], dim=1)
             scores = best.values
@@ -166,6 +181,48 @@ class BranchSearch:
         ]
         score = -torch.stack(logs).clamp_min(1e-300).log().mean(dim=0)
         return score.view(width, len(tokens)), present, inputs
+
+
+@dataclass
+class BeamPlan:
+    """What every beam of one run shares: the bag's tokens, how wide and how long a beam
+    grows, and (for the last sentence) the tokens each handed prefix must hold."""
+
+    tokens: torch.Tensor  # [n] the bag
+    required: torch.Tensor  # [n] bool: a token the sentence must hold
+    width: int
+    longest: int
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, required: Sequence[int], longest: int) -> BeamPlan:
+        must = torch.isin(
+            tokens, torch.tensor(list(required), dtype=torch.long, device=tokens.device)
+        )
+        width = max(WIDTH, LAST_TRIALS // len(tokens)) if required else WIDTH
+        return cls(tokens, must, width, longest)
+
+    def _missing(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[k, n]``: the required tokens each prefix of ``ids`` ``[k, L]`` does not hold."""
+        held = (ids[:, :, None] == self.tokens[None, None, :]).any(dim=1)
+        return self.required[None, :] & ~held
+
+    def handed(self, ids: torch.Tensor, ends: torch.Tensor) -> list[tuple[list[int], float]]:
+        """The prefixes handed to the check, with their end scores: the best ``HANDED``;
+        for the last sentence, each that holds every required token."""
+        if not bool(self.required.any()):
+            return [(ids[r].tolist(), float(ends[r])) for r in range(min(HANDED, len(ids)))]
+        whole = ~self._missing(ids).any(dim=1)
+        return [(ids[r].tolist(), float(ends[r])) for r in whole.nonzero().flatten().tolist()]
+
+    def reachable(self, ids: torch.Tensor) -> torch.Tensor | float:
+        """``[k, n]``: minus infinity for an extension after which the required tokens the
+        prefix would still miss no longer fit within ``longest``; else 0."""
+        if not bool(self.required.any()):
+            return 0.0
+        missing = self._missing(ids)
+        after = missing.sum(dim=1, keepdim=True) - missing.to(torch.long)  # [k, n]
+        fits = ids.shape[1] + 1 + after <= self.longest
+        return torch.where(fits, 0.0, -math.inf).to(torch.float64)
 
 
 def prior_reader(model: torch.nn.Module, adapter: ModelAdapter, tokenizer) -> PriorReader | None:

@@ -117,6 +117,11 @@ class BatchRows:
             if float(torch.linalg.vector_norm(self.rows[token])) <= self.tolerance(self.rows[token])
         }
 
+    def unheld_tokens(self) -> set[int]:
+        """The batch's tokens no confirmed sentence holds: the sentences left hold them."""
+        theirs = {token for sentence in self.confirmed for token in sentence.ids}
+        return set(self.rows) - theirs
+
     def take_off(self, ids: list[int], gradients: dict[int, torch.Tensor], scale: float) -> None:
         """Remove a confirmed sentence's share from the rows."""
         for token, own in gradients.items():
@@ -178,12 +183,17 @@ def confirmed_batch(
         before = len(confirmed)
         spent = rows.spent_tokens()
         bag = [token for token in sorted(rows.rows) if token not in spent]
+        # The last sentence holds every token no confirmed one does, and no others: it is
+        # no longer than its bag (its beams are wide, so every step saved counts).
+        required = sorted(rows.unheld_tokens()) if size - before == 1 else []
+        reach = min(longest, len(bag) + LENGTH_MARGIN) if required else longest
         started = time.perf_counter()
-        grown = search.run(bag, size - before, longest)
+        grown = search.run(bag, size - before, reach, required)
         grown_s = time.perf_counter() - started
         confirmed = confirm(rows, gm, mode, grown, labels, size)
+        last = f", the last sentence holding {len(required)} of them" if required else ""
         state.notes.append(
-            f"beams per first token over {len(bag)} tokens, up to {longest} long "
+            f"beams per first token over {len(bag)} tokens{last}, up to {reach} long "
             f"({grown_s:.0f} s): {len(confirmed) - before} more confirmed"
         )
         if len(confirmed) == before:

@@ -120,3 +120,5 @@ def test_beams_per_first_token_recover_the_batch_the_prefix_search_misses(tiny_v
     assert sorted(results[True].token_ids) == sorted(sentences)
     rounds = [n for n in results[True].info["notes"] if n.startswith("beams per first token")]
     assert len(rounds) == 2 and all(n.endswith("1 more confirmed") for n in rounds)
+    # the second round grows the last sentence, which holds every token the first does not
+    assert "the last sentence holding" not in rounds[0] and "the last sentence holding" in rounds[1]
