@@ -18,7 +18,10 @@ A **claim file** holds one paper's claims; each names the experiment whose kept 
         gpu: ../experiments/gpu/lamp_table2.yaml   # the paper's size, for one GPU
 
 A check compares the mean over the matching cells (each cell's mean over its kept inputs) of
-one metric; a side is option values, or ``cell: NAME``. Relations: ``greater`` (left above
+one metric; a side is option values, or ``cell: NAME``, and a list of values matches any of
+them. With ``best: true`` each side is its best cell instead of the mean: "the better of
+LAMP's two losses beats both baselines" is ``left: {attack: [lamp-cos, lamp-l2l1]}``,
+``right: {attack: [tag, dlg]}``, ``best: true``. Relations: ``greater`` (left above
 right by more than ``value``, default 0), ``times`` (left at least ``value`` times right),
 ``within`` (the two at most ``value`` apart), ``at_least`` and ``at_most`` (left against
 ``value``, no right side), ``at_least_published`` (left at least the paper's figure for the
@@ -69,6 +72,9 @@ class Check(BaseModel):
     right: dict[str, Any] | None = Field(None, description="the other side's option values")
     value: float | None = Field(None, description="margin, factor, tolerance or threshold")
     per: list[str] = Field(default_factory=list, description="options to repeat the check by")
+    best: bool = Field(
+        False, description="each side is its best (highest) cell, not the mean over its cells"
+    )
 
     def section_and_name(self) -> tuple[str, str]:
         section, _, name = self.metric.partition(".")

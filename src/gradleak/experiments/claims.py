@@ -256,12 +256,16 @@ def _figures(published: Published | None, cell: Cell) -> dict[str, float]:
 
 
 def cells_matching(cells: list[KeptCell], where: dict[str, Any]) -> list[KeptCell]:
-    """The cells with the option values of ``where`` (``cell``: the cell's name)."""
+    """The cells with the option values of ``where`` (``cell``: the cell's name; a list of
+    values: any of them)."""
     return [kept for kept in cells if all(_same(_value(kept, k), v) for k, v in where.items())]
 
 
 def _same(value: Any, wanted: Any) -> bool:
-    """``same_value``, and None (an option left unset) equal to None."""
+    """``same_value``, None (an option left unset) equal to None, and a list of wanted values
+    (for an option that is not a list itself) matched by any of them."""
+    if isinstance(wanted, list) and not isinstance(value, list):
+        return any(_same(value, one) for one in wanted)
     return value is None and wanted is None or same_value(value, wanted)
 
 
@@ -283,12 +287,13 @@ def _outcome(check: Check, where: dict[str, Any], cells: list[KeptCell]) -> Outc
     section, name = check.section_and_name()
     left_cells = cells_matching(cells, {**check.left, **where})
     right_cells = cells_matching(cells, {**check.right, **where}) if check.right is not None else []
-    left = _mean(left_cells, section, name)
+    side = _best if check.best else _mean
+    left = side(left_cells, section, name)
     if check.relation == "at_least_published":
         paper = [c.published[name] for c in left_cells if c.measured and name in c.published]
         right = sum(paper) / len(paper) if paper else None
     else:
-        right = _mean(right_cells, section, name) if check.right is not None else check.value
+        right = side(right_cells, section, name) if check.right is not None else check.value
     holds = None if left is None or right is None else _holds(check, left, right)
     return Outcome(check, where, left, right, left_cells, right_cells, holds)
 
@@ -296,6 +301,11 @@ def _outcome(check: Check, where: dict[str, Any], cells: list[KeptCell]) -> Outc
 def _mean(cells: list[KeptCell], section: str, name: str) -> float | None:
     values = [c.metrics[section][name] for c in cells if c.measured]
     return sum(values) / len(values) if values else None
+
+
+def _best(cells: list[KeptCell], section: str, name: str) -> float | None:
+    values = [c.metrics[section][name] for c in cells if c.measured]
+    return max(values) if values else None
 
 
 def _holds(check: Check, left: float, right: float) -> bool:

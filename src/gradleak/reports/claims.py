@@ -172,7 +172,7 @@ def _gpu_cost(plan: GpuPlan, root: Path) -> str:
 
 def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
     """One comparison, as a sentence, then a row for each value of its ``per`` options."""
-    left = _side(check.left)
+    left = _side(check.left, check.best)
     if check.relation == "at_least_published":
         text = f"{left} >= the paper's" + (f" - {_number(check.value)}" if check.value else "")
     elif check.right is None:
@@ -184,7 +184,8 @@ def _check_table(check: Check, outcomes: list[Outcome]) -> list[str]:
             margin = f", by at most {_number(check.value)}"
         elif check.relation == "greater" and check.value:
             margin = f", by more than {_number(check.value)}"
-        text = f"{left} {SYMBOLS[check.relation]} {factor}{_side(check.right)}{margin}"
+        right = _side(check.right, check.best)
+        text = f"{left} {SYMBOLS[check.relation]} {factor}{right}{margin}"
     per = f", for each {', '.join(check.per)}" if check.per else ""
     lines = [f"`{check.metric}`: {text}{per}", ""]
     columns = [*(check.per or ["cells"]), "left", "right", "holds"]
@@ -276,8 +277,15 @@ def _one_of(values: set[str], what: str) -> str:
     return f"**Mixed {what}s** ({', '.join(sorted(values))}): each cell names its own."
 
 
-def _side(where: dict[str, Any]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in where.items()) or "every cell"
+def _side(where: dict[str, Any], best: bool = False) -> str:
+    """A side's cells in words: ``attack=lamp-cos or lamp-l2l1``, prefixed by "the best of"
+    where the check takes its best cell."""
+    text = ", ".join(f"{key}={_values(value)}" for key, value in where.items()) or "every cell"
+    return f"the best of ({text})" if best else text
+
+
+def _values(value: Any) -> str:
+    return " or ".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
 
 def _pair(scores: dict[str, float]) -> str:

@@ -149,6 +149,26 @@ def test_relations(toy, relation, value, right, holds):
         assert outcome.right == 90.0
 
 
+def test_a_list_matches_any_of_its_values_and_best_takes_a_sides_best_cell(toy):
+    """LAMP_cos-B1 recovered half of each sentence, TAG-B1 all: the mean over both cells sits
+    between them, the best of them is TAG's."""
+    both = "{attack: [tag, lamp-cos], batch_size: 1}"
+    mean = f"- {{metric: strict.rouge1, left: {both}, relation: at_least, value: 0}}"
+    [outcome] = claims(toy, mean)[0].outcomes
+    assert [c.cell.name for c in outcome.left_cells] == ["tag-B1", "lamp-cos-B1"]
+    assert outcome.left == pytest.approx((100.0 + halves_rouge1()) / 2)
+    # the better of (TAG, LAMP_cos) at B=1 against the better of LAMP_cos at B=1 and B=2
+    best = (f"- {{metric: strict.rouge1, left: {both}, relation: greater,"
+            " right: {attack: lamp-cos}, best: true}")  # fmt: skip
+    results = claims(toy, best)
+    [outcome] = results[0].outcomes
+    assert (outcome.left, outcome.right) == (100.0, pytest.approx(halves_rouge1()))
+    assert outcome.holds is True and not outcome.whole  # lamp-cos-B2 has no scores
+    text = render_results(results, lambda path: "v1", toy, "make it")
+    assert ("`strict.rouge1`: the best of (attack=tag or lamp-cos, batch_size=1) > "
+            "the best of (attack=lamp-cos)") in text  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("check", "problem"),
     [
