@@ -2,7 +2,8 @@
 claim files in ``benchmarks/claims/`` and the inputs kept in ``benchmarks/kept/``;
 ``--check`` only says whether the document is what they give (exit status 1 if not).
 
-A cell's code version is the commit that last changed its kept file (git's log of it), so a
+A cell's code version is the commit its kept inputs recorded when they ran; for inputs kept
+before inputs recorded it, the commit that last changed the kept file (git's log of it), so a
 clone with the repository's history regenerates the same document.
 """
 

@@ -14,7 +14,8 @@ from typing import Any
 
 # The fields of a record that a run with the same config and seed reproduces exactly.
 RESULT_FIELDS = ("task", "scenario", "metrics", "failed_inputs")
-SAMPLE_TIMINGS = ("attack_s", "phase_s", "peak_rss_mb", "update_s", "stacked")
+# How a sample ran, not what it found: its times, its stack, the code's commit.
+SAMPLE_HOW_IT_RAN = ("attack_s", "phase_s", "peak_rss_mb", "update_s", "stacked", "code")
 
 CELLS: dict[str, list[str]] = {
     "tag_bert_train": [
@@ -88,7 +89,8 @@ def command(name: str) -> list[str]:
 def result_of(record: dict) -> dict:
     """The part of a record that must be reproduced exactly (timings and versions dropped)."""
     samples = [
-        {k: v for k, v in sample.items() if k not in SAMPLE_TIMINGS} for sample in record["samples"]
+        {k: v for k, v in sample.items() if k not in SAMPLE_HOW_IT_RAN}
+        for sample in record["samples"]
     ]
     return {**{k: record[k] for k in RESULT_FIELDS}, "samples": samples}
 

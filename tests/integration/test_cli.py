@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from gradleak.cli import app
 from gradleak.config.options import config_from_options
+from gradleak.runtime.revision import source_revision
 
 runner = CliRunner()
 TINY = ["--model", "tiny-bert", "--mode", "eval", "--steps", "3"]
@@ -36,6 +37,7 @@ def test_attack_writes_the_documented_record(tmp_path):
     for sample in record["samples"]:
         assert len(sample["reference"]) == 2 and len(sample["prediction"]) == 2
         assert 10 < sample["peak_rss_mb"] < 4096  # the process, a tiny model and torch
+        assert sample["code"] == source_revision()  # the code that attacked it
         assert all(isinstance(t, str) for t in sample["reference"] + sample["prediction"])
     assert set(record["metrics"]["strict"]) == {
         "rouge1",

@@ -49,6 +49,9 @@ class KeptCell:
     published: dict[str, float]  # the paper's figures for this cell (their mean), by metric
     attack_s: float  # the kept inputs' attack seconds, summed
     refusals: tuple[tuple[str, int], ...] = ()  # why kept inputs have no scores, and how many
+    # the code its kept inputs record (runtime.revision), each once; "" for inputs kept
+    # before inputs recorded it
+    codes: tuple[str, ...] = ()
     # a learned attack's training curve, where its record keeps one: (step, held-out loss)
     curve: tuple[tuple[int, float], ...] = ()
 
@@ -158,6 +161,7 @@ def kept_cells(experiment: ExperimentFile) -> list[KeptCell]:
                 published=_figures(published, cell),
                 attack_s=sum(sample.get("attack_s") or 0.0 for sample in samples),
                 refusals=tuple(Counter(s["error"] for s in samples if "error" in s).items()),
+                codes=tuple(dict.fromkeys(s.get("code") or "" for s in samples)),
                 curve=_curve(samples),
             )
         )

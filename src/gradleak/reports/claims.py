@@ -11,6 +11,7 @@ from typing import Any
 from gradleak.experiments.claim_files import Check, Explanation
 from gradleak.experiments.claims import ClaimResult, GpuPlan, KeptCell, Outcome, cells_matching
 from gradleak.experiments.estimate import duration
+from gradleak.runtime.revision import commit_of
 
 SYMBOLS = {"greater": ">", "times": ">=", "within": "~", "at_least": ">=", "at_most": "<="}
 SST2_B1 = {"dataset": "sst2", "batch_size": 1}  # the cells of the special-tokens section
@@ -210,7 +211,7 @@ def _cells_table(cells: list[KeptCell], version_of: Versions) -> list[str]:
     ]
     devices, versions = set(), set()
     for kept in cells:
-        version = version_of(kept.source) if kept.source is not None else ""
+        version = _code(kept, version_of)
         if kept.measured:
             devices.add(kept.device)
             versions.add(version)
@@ -275,6 +276,23 @@ def _one_of(values: set[str], what: str) -> str:
     if len(values) == 1:
         return f"One {what} for the whole table: {next(iter(values))}."
     return f"**Mixed {what}s** ({', '.join(sorted(values))}): each cell names its own."
+
+
+def _code(kept: KeptCell, version_of: Versions) -> str:
+    """The code a cell's kept inputs ran: the commit each records ("ran at HASH", "with
+    changes" where the package's sources differed from it), and for inputs kept before inputs
+    recorded it, ``version_of`` the kept file (the commit that last changed it)."""
+    if kept.source is None:
+        return ""
+    names = [_ran_at(code) if code else version_of(kept.source) for code in kept.codes]
+    return ", ".join(dict.fromkeys(names)) or version_of(kept.source)
+
+
+def _ran_at(code: str) -> str:
+    commit = commit_of(code)
+    if commit is None:
+        return f"ran at version {code}"
+    return f"ran at {commit[0]}" + (" with changes" if commit[1] else "")
 
 
 def _side(where: dict[str, Any], best: bool = False) -> str:

@@ -34,6 +34,7 @@ from gradleak.federated.server import PublicData, ServerKnowledge, server_knowle
 from gradleak.models.loading import Victim, load_victim
 from gradleak.runtime.devices import resolve_device
 from gradleak.runtime.environment import out_of_memory_named, peak_memory_mb, reset_peak_memory
+from gradleak.runtime.revision import source_revision
 from gradleak.runtime.seeds import (
     ATTACK_STREAM,
     CLIENT_STREAM,
@@ -227,6 +228,7 @@ def attack_inputs(
                 "phase_s": result.seconds,
                 "peak_rss_mb": peak_memory_mb(),
                 "info": result.info | one.privacy,
+                "code": source_revision(),
             }
             | ({"stacked": result.stack_size} if result.stack_size > 1 else {})
         )
@@ -235,7 +237,8 @@ def attack_inputs(
 
 def _failed(one: ClientRound, error: str, attack_s: float) -> dict[str, Any]:
     """The stored sample of an input that could not be attacked."""
-    failed = {"index": one.index, "error": error, "attack_s": attack_s, "update_s": one.update_s}
+    failed = {"index": one.index, "error": error, "attack_s": attack_s, "update_s": one.update_s,
+              "code": source_revision()}  # fmt: skip
     return failed | ({"info": one.privacy} if one.privacy else {})
 
 

@@ -103,6 +103,7 @@ class SampleResult(BaseModel):
     # Updates optimized in one stacked pass with this one, itself included (``attack_s`` is
     # then its equal share of the pass): how it ran, not what it found.
     stacked: int = 1
+    code: str | None = None  # the code that attacked it (runtime.revision); None: not recorded
 
     @property
     def failed(self) -> bool:
@@ -119,6 +120,7 @@ class FailedSample(BaseModel):
     attack_s: float = 0.0
     update_s: float | None = None
     info: dict[str, Any] = Field(default_factory=dict)  # DP-SGD's privacy facts, if any
+    code: str | None = None  # as SampleResult's
 
     @property
     def failed(self) -> bool:
@@ -287,4 +289,5 @@ def public_sample(sample: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mb": sample.get("peak_rss_mb"),
         "info": sample.get("info", {}),
         "stacked": sample.get("stacked", 1),
+        "code": sample.get("code"),
     }

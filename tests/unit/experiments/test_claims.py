@@ -212,6 +212,30 @@ def test_the_document_names_each_cell_and_says_where_versions_mix(toy):
     assert "One code version for the whole table: v1." in same
 
 
+def test_a_cell_names_the_code_its_inputs_recorded_and_a_resumed_cell_each(toy):
+    """Inputs that record their code name it; a cell resumed on other code names both, and
+    inputs kept before the code was recorded fall back to the kept file's version."""
+    path = toy / "kept" / "tag-B1.json.partial.jsonl"
+    header, first, second = path.read_text().splitlines()
+    codes = ["0.2.0+g1111111111", "0.2.0+g2222222222.changed"]
+    lines = [header] + [
+        json.dumps(json.loads(line) | {"code": code})
+        for line, code in zip([first, second], codes, strict=True)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    tag_b2 = toy / "kept" / "tag-B2.json.partial.jsonl"
+    header, first, second = tag_b2.read_text().splitlines()
+    tag_b2.write_text("\n".join([header, json.dumps(json.loads(first) | {"code": codes[0]}),
+                                 second]) + "\n")  # fmt: skip
+    check = "- {metric: strict.rouge1, left: {attack: tag}, relation: at_least, value: 0}"
+    text = render_results(claims(toy, check), lambda path: "kept at v0", toy, "make it")
+    assert (
+        "| tag-B1 | 2 of 2 | 10 | cpu | ran at 1111111111, ran at 2222222222 with changes |" in text
+    )
+    assert "| tag-B2 | 2 of 2 | 10 | cpu | ran at 1111111111, kept at v0 |" in text
+    assert "**Mixed code versions**" in text
+
+
 def test_the_results_document_is_what_the_kept_records_give():
     """docs/claims.md regenerated from the claim files and benchmarks/kept (the code
     versions aside, which come from git's history of the kept files)."""
