@@ -28,6 +28,9 @@ Suites:
   dager_rounding what float32, float64, pure bf16 and bf16-autocast FedAvg clients leave of the
                  batch in layer 1's q delta (zero entries, singular values, DAGER's rank),
                  SmolLM2 CoLA B=16, E=2.
+  batch_tokens   the distinct inputs of layers 1 and 2 that client batches give DAGER beside
+                 the hidden size (SmolLM2, MiniLM; CoLA, SST-2, Rotten Tomatoes; B = 16 to
+                 128, --batches batches a cell): where a batch's update has full rank.
   fedavg_direction how far a FedAvg delta of E = 1, 2, 4 local epochs turns from the FedSGD
                  gradient at one example a client (Wang & Li Table IV), MiniLM CoLA, SGD at
                  lr 5e-5, 1e-3, 1e-2 (--batches examples).
@@ -66,6 +69,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import batch_tokens  # noqa: E402
 import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import fedavg_direction  # noqa: E402
@@ -85,6 +89,7 @@ SUITES = {
     **dp_step.SUITES,
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
+    **batch_tokens.SUITES,
     **fedavg_direction.SUITES,
     **lora_encoder_bag.SUITES,
     **stack_step.SUITES,
