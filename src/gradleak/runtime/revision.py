@@ -18,10 +18,11 @@ HASH_LENGTH = 10
 @cache
 def source_revision() -> str:
     """``0.2.0+g1a2b3c4d5e`` (the checkout's commit), with ``.changed`` where the package's
-    sources differ from it; the bare version for an installed package or where git is
-    missing. Cached: the sources a process imported do not change under it."""
+    sources differ from it; the bare version for an installed package (even one installed
+    inside another project's checkout, which does not track it) or where git is missing.
+    Cached: the sources a process imported do not change under it."""
     commit = _git("rev-parse", f"--short={HASH_LENGTH}", "HEAD")
-    if not commit:
+    if not commit or not _git("ls-files", "--", "__init__.py"):
         return __version__
     changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
     return f"{__version__}+g{commit}" + (".changed" if changed else "")

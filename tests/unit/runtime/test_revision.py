@@ -26,8 +26,9 @@ def checkout(tmp_path, monkeypatch):
     git(tmp_path, "init", "-q")
     git(tmp_path, "config", "user.email", "a@b.c")
     git(tmp_path, "config", "user.name", "a")
+    (tmp_path / "__init__.py").write_text("")
     (tmp_path / "module.py").write_text("x = 1\n")
-    git(tmp_path, "add", "module.py")
+    git(tmp_path, "add", "__init__.py", "module.py")
     git(tmp_path, "commit", "-qm", "one")
     monkeypatch.setattr(revision, "PACKAGE", tmp_path)
     revision.source_revision.cache_clear()
@@ -61,3 +62,13 @@ def test_outside_a_checkout_the_version_alone(tmp_path, monkeypatch):
     assert fresh() == __version__
     assert revision.commit_of(__version__) is None
     revision.source_revision.cache_clear()
+
+
+def test_a_package_installed_inside_another_checkout_names_no_commit_of_it(checkout, monkeypatch):
+    """A virtual environment inside a user's own project: that repository's commit is not the
+    package's code."""
+    installed = checkout / ".venv" / "site-packages" / "gradleak"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    monkeypatch.setattr(revision, "PACKAGE", installed)
+    assert fresh() == __version__
