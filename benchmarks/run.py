@@ -31,6 +31,9 @@ Suites:
   batch_tokens   the distinct inputs of layers 1 and 2 that client batches give DAGER beside
                  the hidden size (SmolLM2, MiniLM; CoLA, SST-2, Rotten Tomatoes; B = 16 to
                  128, --batches batches a cell): where a batch's update has full rank.
+  past_width     past the hidden size: what layer 1's down_proj update still decides about
+                 a batch's inputs (SmolLM2, CoLA's first batch of 64, 626 prefixes), float64
+                 and float32 clients.
   fedavg_direction how far a FedAvg delta of E = 1, 2, 4 local epochs turns from the FedSGD
                  gradient at one example a client (Wang & Li Table IV), MiniLM CoLA, SGD at
                  lr 5e-5, 1e-3, 1e-2 (--batches examples).
@@ -76,6 +79,7 @@ import fedavg_direction  # noqa: E402
 import flower_audit  # noqa: E402
 import lora_encoder_bag  # noqa: E402
 import lti_speed  # noqa: E402
+import past_width  # noqa: E402
 import planned_runs  # noqa: E402
 import record_audit  # noqa: E402
 import stack_step  # noqa: E402
@@ -90,6 +94,7 @@ SUITES = {
     **lti_speed.SUITES,
     **dager_rounding.SUITES,
     **batch_tokens.SUITES,
+    **past_width.SUITES,
     **fedavg_direction.SUITES,
     **lora_encoder_bag.SUITES,
     **stack_step.SUITES,
