@@ -238,6 +238,9 @@ def show_result(experiment: Experiment, result: ExperimentRun) -> None:
                             f"{', '.join(sources)}"))  # fmt: skip
     if result.kept:
         console.print(shown(f"kept {len(result.kept)} cells' finished inputs in {experiment.kept}"))
+    for cell, versions in result.mixed_code.items():
+        ran = ", ".join(f"{code} ({count})" for code, count in versions.items())
+        console.print(f"[yellow]{shown(f'{cell}: its inputs ran on different code: {ran}')}[/]")
     for scenario, problem in result.utility_errors.items():
         console.print(f"[red]{shown(f'utility of {scenario}: {problem}')}[/]")
     console.print(

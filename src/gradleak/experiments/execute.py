@@ -8,6 +8,7 @@ attacked, cells the database holds nothing of take in their kept inputs (the fil
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,9 @@ class ExperimentRun:
     utility_errors: dict[str, str] = field(default_factory=dict)  # by scenario
     adopted: dict[str, Path] = field(default_factory=dict)  # cells taken in, and from where
     kept: list[Path] = field(default_factory=list)  # the files ``keep`` wrote
+    # chosen cells whose inputs ran on different code (runtime.revision; "not recorded" for
+    # inputs stored before inputs recorded it): each version and its inputs
+    mixed_code: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -273,6 +277,9 @@ def run_experiment(
         for cell in chosen:
             if cell.name in result.errors:
                 result.errors[cell.name] += kept_hint(database, cell, experiment.kept, device)
+            versions = code_versions(database, cell)
+            if len(versions) > 1:
+                result.mixed_code[cell.name] = versions
         if experiment.utility is not None:
             database.set_meta("utility", experiment.utility.model_dump_json())
             result.utility_errors = measure_cells(
@@ -332,6 +339,16 @@ def run_cells(
             done = 0 if status is None else status.done
             done_before += done if limit is None else min(done, limit)
         result.records[cell.name] = record if status and status.finished else None
+
+
+def code_versions(database: ExperimentDatabase, cell: Cell) -> dict[str, int]:
+    """The code each of a cell's stored inputs ran (its sample's ``code``; "not recorded"
+    where an input was stored before inputs recorded it) and how many inputs ran it."""
+    status = database.status(cell)
+    if status is None:
+        return {}
+    samples = database.samples(status.key).values()
+    return dict(Counter(sample.get("code") or "not recorded" for sample in samples))
 
 
 def _cell_progress(

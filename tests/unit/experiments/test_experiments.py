@@ -27,6 +27,7 @@ from gradleak.experiments.execute import published_of
 from gradleak.experiments.grid import expand
 from gradleak.experiments.spec import read_experiment
 from gradleak.running.record import Record
+from gradleak.runtime.revision import source_revision
 from tests.helpers import ROOT
 
 # dager on tiny-bert, eval mode: about a second an input, exact
@@ -288,6 +289,28 @@ def test_limit_leaves_cells_part_way_and_plan_counts_what_is_left(tmp_path):
     assert planned.remaining_inputs == 4
     finished = run_experiment(path, out)
     assert all(len(r.samples) == 3 for r in finished.records.values())
+
+
+def test_a_cell_resumed_on_other_code_is_named_with_each_version(tmp_path):
+    """Each stored input records the code that attacked it; a cell whose inputs ran on two
+    versions (resumed after a commit) is listed with both, and a cell on one is not."""
+    path, out = fast_experiment(tmp_path, n_inputs=2), tmp_path / "run"
+    run_experiment(path, out, limit=1)
+    with sqlite3.connect(out / "results.sqlite") as connection:  # the first input: older code
+        for key, idx, sample in connection.execute("SELECT cell, idx, sample FROM samples"):
+            older = json.dumps(json.loads(sample) | {"code": "0.1.0+g0123456789"})
+            connection.execute("UPDATE samples SET sample = ? WHERE cell = ? AND idx = ?",
+                               (older, key, idx))  # fmt: skip
+    result = run_experiment(path, out, only="batch_size=2")
+    current = source_revision()
+    assert result.mixed_code == {"batch_size=2": {"0.1.0+g0123456789": 1, current: 1}}
+    shown = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--only", "batch_size=2"],
+                               env={"COLUMNS": "300"})  # fmt: skip
+    assert (
+        f"batch_size=2: its inputs ran on different code: 0.1.0+g0123456789 (1), {current} (1)"
+        in shown.output
+    )
+    assert run_experiment(path, tmp_path / "apart" / "fresh").mixed_code == {}
 
 
 def test_an_interrupted_grid_lists_the_cells_still_to_run(tmp_path, monkeypatch):
