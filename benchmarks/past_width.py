@@ -30,16 +30,27 @@ BATCH_SIZE, LAYER, FALSE_VECTORS = 64, 0, 50
 TOLERANCES = (1e-10, 1e-8, 1e-6)
 
 
-def activations_and_update(model, ids, mask, labels, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The layer's down_proj inputs at every real position (float64) and its weight's
-    gradient of the batch's mean loss, computed in ``dtype``."""
-    model.to(dtype).zero_grad()
+def down_proj_inputs(
+    model, ids, mask, labels=None, at: torch.Tensor | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The layer's down_proj inputs (float64) at the positions ``at`` marks (default: every
+    real one), computed in the model's dtype; with ``labels``, also its weight's gradient of
+    the batch's mean loss."""
+    model.zero_grad()
     down = model.model.layers[LAYER].mlp.down_proj
     seen = {}
     hook = down.register_forward_hook(lambda _m, inputs, _o: seen.update(a=inputs[0].detach()))
-    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-    hook.remove()
-    return seen["a"][mask.bool()].double().numpy(), down.weight.grad.double().numpy()
+    try:
+        if labels is None:
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask)
+        else:
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    finally:
+        hook.remove()
+    update = None if labels is None else down.weight.grad.double().numpy()
+    at = mask if at is None else at
+    return seen["a"][at.bool()].double().numpy(), update
 
 
 def intersection(row_space: np.ndarray, vectors: np.ndarray, tol: float) -> int:
@@ -69,10 +80,14 @@ def past_width(out_dir: Path, batches: int, data_dir: str | None) -> None:
     prefixes = [tuple(row[: i + 1]) for row in rows for i in range(len(row))]
     first = sorted({p: i for i, p in reversed(list(enumerate(prefixes)))}.values())
     false_ids, false_mask = _false_sequences(rows, set(prefixes), ids.shape[1])
-    acts, update64 = activations_and_update(model, ids, mask, labels, torch.float64)
+    acts, update64 = down_proj_inputs(model.double(), ids, mask, labels)
     acts = acts[first]  # one per distinct prefix
-    false = _false_activations(model, false_ids, false_mask)
-    _, update32 = activations_and_update(model, ids, mask, labels, torch.float32)
+    # the attacker's false candidates, in float64: from each sequence's second position on
+    second_on = false_mask.clone()
+    second_on[:, 0] = 0
+    false, _ = down_proj_inputs(model, false_ids, false_mask, at=second_on)
+    false = false[:FALSE_VECTORS]
+    _, update32 = down_proj_inputs(model.float(), ids, mask, labels)
     table = []
     for precision, update in (("float64", update64), ("float32", update32)):
         _, singular, right = np.linalg.svd(update, full_matrices=False)
@@ -101,19 +116,6 @@ def past_width(out_dir: Path, batches: int, data_dir: str | None) -> None:
     )
     json_path, _ = write_results(out_dir, "past_width", table, started, notes)
     print(f"past_width: {len(table)} rows -> {json_path}")
-
-
-def _false_activations(model, ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-    """The layer's down_proj inputs (float64) at the false positions of ``_false_sequences``:
-    from the second position on."""
-    model.double()
-    down = model.model.layers[LAYER].mlp.down_proj
-    seen = {}
-    hook = down.register_forward_hook(lambda _m, inputs, _o: seen.update(a=inputs[0].detach()))
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask)
-    hook.remove()
-    return seen["a"][:, 1:][mask[:, 1:].bool()].numpy()[:FALSE_VECTORS]
 
 
 def _false_sequences(

@@ -303,13 +303,16 @@ def _outcome(check: Check, where: dict[str, Any], cells: list[KeptCell]) -> Outc
 
 
 def _mean(cells: list[KeptCell], section: str, name: str) -> float | None:
-    values = [c.metrics[section][name] for c in cells if c.measured]
+    values = _measured(cells, section, name)
     return sum(values) / len(values) if values else None
 
 
 def _best(cells: list[KeptCell], section: str, name: str) -> float | None:
-    values = [c.metrics[section][name] for c in cells if c.measured]
-    return max(values) if values else None
+    return max(_measured(cells, section, name), default=None)
+
+
+def _measured(cells: list[KeptCell], section: str, name: str) -> list[float]:
+    return [c.metrics[section][name] for c in cells if c.measured]
 
 
 def _holds(check: Check, left: float, right: float) -> bool:
