@@ -199,6 +199,13 @@ class DagerAttack(Attack[DagerSettings]):
             # Taking a sentence off is checked by the drop of layer 2's rank: it must count
             # the batch's tokens (not so in LoRA's adapter space, or under a defense).
             exact_count = _token_count(plan.layer2, knowledge, state) is not None
+            if not exact_count:
+                state.tokens_at_least = _tokens_at_least(plan.layer2, knowledge)
+                if state.tokens_at_least is not None:
+                    state.notes.append(
+                        f"layer 2's rank {state.tokens_at_least} bounds the token count from "
+                        "below (read through the noise)"
+                    )
             if gm.adapter.is_decoder:
                 start = [] if knowledge.raw_tokens else start_tokens(knowledge.tokenizer)
                 if sparse and layer2.sliced:
@@ -423,6 +430,20 @@ def _inputs_at_least(layers: list[LayerCheck]) -> int:
     if first.noisy or any(c.transform is not None for c in first.checks):
         return 0
     return first.rank
+
+
+def _tokens_at_least(layer2: LayerCheck, knowledge: ServerKnowledge) -> int | None:
+    """A lower bound on the batch's token count where no exact count is read: one gradient
+    whose layer-2 span was read through known noise (a public noise defense; whitened), in
+    the layer's own space. Its rank counts the token inputs that stand above the noise, each
+    one a direction (``lengths.py``), so it can fall short of the count but not pass it."""
+    bound = (
+        knowledge.global_model.protocol.algorithm == "fedsgd"
+        and all(c.span.whitened for c in layer2.checks)
+        and all(c.transform is None and c.whole_rows is None for c in layer2.checks)
+        and not any(c.span.full for c in layer2.checks)
+    )
+    return layer2.rank if bound else None
 
 
 def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:

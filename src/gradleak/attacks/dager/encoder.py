@@ -30,7 +30,7 @@ import torch
 from gradleak.attacks.dager.choice import Candidate, pick_sentences
 from gradleak.attacks.dager.descent import DescentSearch, log_sum
 from gradleak.attacks.dager.joint import MAX_LAYOUTS, JointSearch
-from gradleak.attacks.dager.lengths import LengthBudget, reaching_besides
+from gradleak.attacks.dager.lengths import LengthBudget, covering_layouts, reaching_besides
 
 # Starts each length tries in the first round of turns; the limit doubles every round.
 ROUND_STARTS = 2
@@ -266,7 +266,9 @@ class EncoderSearch(DescentSearch):
     ) -> list[tuple[int, ...]]:
         """The lengths the batch's sentences other than the ``found`` ones (their lengths)
         may have: the server's, if it knows them, else each way (at most ``MAX_LAYOUTS`` + 1)
-        the candidate lengths make up the rest of the token count; none without either."""
+        the candidate lengths make up the rest of the token count; under noise and dropout,
+        where the rank only bounds the count from below, the ways that hold every candidate
+        length, fewest tokens first; none without either."""
         if lengths is not None:
             rest = list(lengths)
             for length in found:
@@ -274,7 +276,10 @@ class EncoderSearch(DescentSearch):
                     rest.remove(length)
             return [tuple(rest)] if rest else []
         if tokens is None:
-            return []
+            at_least = self.state.tokens_at_least
+            if at_least is None or found or not self.state.layer2_ranks_only:
+                return []
+            return covering_layouts(list(frame.contexts), batch_size, at_least, MAX_LAYOUTS + 1)
         budget = LengthBudget.of(list(frame.contexts), batch_size - len(found), tokens - sum(found))
         if budget is None:
             return []

@@ -107,6 +107,24 @@ class LengthBudget:
         return found
 
 
+def covering_layouts(
+    lengths: Sequence[int], sentences: int, at_least: int, limit: int
+) -> list[tuple[int, ...]]:
+    """Up to ``limit`` multisets of ``sentences`` candidate lengths holding each at least once
+    (under dropout's robust check each candidate length ends a sentence) and summing to at
+    least ``at_least`` tokens (what layer 2's rank says under noise), fewest tokens first:
+    where the rank undercounts only by the weakest tokens, the first is the batch's."""
+    options = sorted(set(lengths), reverse=True)
+    free = sentences - len(options)
+    if free < 0:
+        return []
+    layouts = [
+        tuple(sorted((*options, *extra), reverse=True))
+        for extra in combinations_with_replacement(options, free)
+    ]
+    return sorted((layout for layout in layouts if sum(layout) >= at_least), key=sum)[:limit]
+
+
 def reaching_besides(least_alive: Sequence[int], lengths: Sequence[int]) -> list[int]:
     """Per position, how many sentences besides those of ``lengths`` reach it at least."""
     return [max(0, n - sum(length > p for length in lengths)) for p, n in enumerate(least_alive)]

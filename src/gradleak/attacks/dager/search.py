@@ -24,6 +24,9 @@ class SearchState:
     # Per position, how many of the batch's sentences reach it at least (the distinct tokens
     # the embedding rows place there, ``positions.py``); None where the rows do not say.
     least_alive: list[int] | None = None
+    # Under public noise layer 2's rank counts the token inputs that stand above the noise: at
+    # most the batch's token count, where no exact count is read (``attack._token_count``).
+    tokens_at_least: int | None = None
 
 
 @dataclass

@@ -101,8 +101,28 @@ class SpanBasis:
         basis = self._with(extra)
         shape = vectors.shape[:-1]
         flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
-        out = [_sparse_fit(part, basis, iterations, tol) for part in flat.split(chunk)]
+        tols = self.fit_tolerance(flat, tol)
+        out = [
+            _sparse_fit(part, basis, iterations, part_tol)
+            for part, part_tol in zip(flat.split(chunk), tols.split(chunk), strict=True)
+        ]
         return torch.cat(out).reshape(shape) if out else flat.new_zeros(shape)
+
+    def fit_tolerance(self, vectors: torch.Tensor, tol: float) -> torch.Tensor:
+        """Per row of ``vectors`` (in the basis's space), how far a coordinate of a true input
+        may sit from the span once the vector is scaled to norm 1: ``tol`` for an exact span;
+        for one read through known noise (``whitened``: singular values in units of the
+        noise), ``FIT_SIGMAS`` times the spread the noise gives the fit (to first order each
+        direction ``j`` is tilted by about ``1 / s_j`` a coordinate, weighed by the row's
+        coefficient on it), where a tolerance at float64's round-off would count none of a
+        noised true input's coordinates (docs/design/dager-noise.md, "Dropout under noise")."""
+        tols = vectors.new_full((vectors.shape[0], 1), tol)
+        if not self.whitened or self.rank == 0:
+            return tols
+        unit = vectors / torch.linalg.vector_norm(vectors, dim=-1, keepdim=True).clamp_min(1e-30)
+        coefficients = unit @ self.basis
+        spread = ((coefficients / self.singular_values[: self.rank]) ** 2).sum(-1).sqrt()
+        return torch.maximum(tols, FIT_SIGMAS * spread.unsqueeze(-1))
 
     def _with(self, extra: torch.Tensor | None) -> torch.Tensor:
         """The basis with ``extra`` directions (``[k, d]``) added, orthonormal again."""
@@ -129,7 +149,11 @@ class SpanBasis:
         shape = vectors.shape[:-1]
         flat = self.scaled(vectors.reshape(-1, vectors.shape[-1]).to(torch.float64))
         flat = flat / torch.linalg.vector_norm(flat, dim=-1, keepdim=True).clamp_min(1e-30)
-        shares = [_kept_share(row.cpu().numpy(), rows, tol) for row in flat]
+        tols = self.fit_tolerance(flat, tol).flatten().tolist()
+        shares = [
+            _kept_share(row.cpu().numpy(), rows, row_tol)
+            for row, row_tol in zip(flat, tols, strict=True)
+        ]
         return torch.tensor(shares, dtype=torch.float64).reshape(shape)
 
 
@@ -137,11 +161,14 @@ class SpanBasis:
 # EPS_START (large first, so the first fits are near least squares and the later ones free
 # the outliers).
 EPS_START, EPS_DECAY, EPS_FLOOR = 1e-2, 0.5, 1e-9
+# How many of the noise's standard deviations a true input's coordinate may sit from a span
+# read through known noise and still count as reproduced (``SpanBasis.fit_tolerance``).
+FIT_SIGMAS = 4.0
 
 
-def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: float):
+def _sparse_fit(x: torch.Tensor, basis: torch.Tensor, iterations: int, tol: float | torch.Tensor):
     """Fraction of coordinates of each row of ``x`` that the fit reproduces within ``tol``
-    times the row's norm.
+    (one for all rows, or ``[n, 1]``: each row's) times the row's norm.
 
     Iteratively reweighted least squares for ``min_c sum_i |x_i - (B c)_i|^(1/2)``, with a
     smoothing that shrinks. The least-absolute-deviations fit (q = 1) it replaces lets a

@@ -23,7 +23,7 @@ from gradleak.attacks.dager.decoder import DecoderSearch, _anchored
 from gradleak.attacks.dager.descent import Descent
 from gradleak.attacks.dager.encoder import NEAREST_SEPARATORS, Candidate, EncoderSearch
 from gradleak.attacks.dager.joint import JointSearch, unheld, without
-from gradleak.attacks.dager.lengths import LengthBudget, rest_alive
+from gradleak.attacks.dager.lengths import LengthBudget, covering_layouts, rest_alive
 from gradleak.attacks.dager.search import SearchState, pick_batch, pick_distinct
 from gradleak.attacks.dager.span import gap_threshold, rounding_noise
 from gradleak.data import Example
@@ -213,6 +213,21 @@ def test_full_rank_batch_is_refused_with_its_reason(tiny_victim):
     with pytest.raises(AttackFailed, match="full rank") as failed:
         DagerAttack().reconstruct(update, knowledge, seed=0)
     assert str(failed.value) == refusal.reason
+
+
+def test_a_span_the_local_steps_filled_is_refused_naming_the_steps(tiny_victim):
+    """Ten epochs of one-sentence steps at lr 1e-2 (float64 client): the moved copies of the
+    batch's 13 token inputs fill layer 2's 64 directions. The refusal names the local steps
+    and what brings the drift down, not only the batch's size."""
+    protocol = Protocol(
+        mode="eval", algorithm="fedavg", epochs=10, local_batch_size=1, lr=1e-2,
+        precision="float64",
+    )  # fmt: skip
+    update, knowledge = client_round(tiny_victim("tiny-gpt2"), protocol)
+    refusal = DagerAttack().check(update, knowledge)
+    assert isinstance(refusal, Refusal) and "full rank 64" in refusal.reason
+    assert "over 20 local steps each token's input moves" in refusal.reason
+    assert "a smaller --lr, fewer --epochs" in refusal.reason
 
 
 def test_a_fixed_cut_under_a_float32_deltas_rounding_is_refused_naming_the_rounding(tiny_victim):
@@ -628,6 +643,16 @@ def test_the_rests_sentence_counts_keep_what_the_whole_update_placed():
     assert still([8, 8, 6], [8, 8, 5, 1], [2]) == [8, 8, 6, 1]
     assert still(None, [2, 2, 1], [3, 1]) == [0, 1, 0]
     assert still([1, 1], None, [3]) == [1, 1]
+
+
+def test_layouts_under_noise_hold_every_length_and_reach_the_ranks_lower_bound():
+    """Under noise layer 2's rank bounds the token count from below: every candidate length
+    once (each ends a sentence under dropout), the rest filled, fewest tokens first."""
+    assert covering_layouts([6, 8], 3, 14, 6) == [(8, 6, 6), (8, 8, 6)]
+    assert covering_layouts([6, 8], 3, 21, 6) == [(8, 8, 6)]
+    assert covering_layouts([6, 8], 2, 14, 6) == [(8, 6)]
+    assert covering_layouts([6, 8, 9], 2, 0, 6) == []  # more lengths than sentences
+    assert covering_layouts([6, 8], 4, 0, 2) == [(8, 6, 6, 6), (8, 8, 6, 6)]
 
 
 def test_length_budget_lists_the_layouts_that_make_up_the_token_count():

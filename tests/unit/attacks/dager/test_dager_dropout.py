@@ -8,7 +8,7 @@ import torch
 import gradleak
 from gradleak.attacks.dager import DagerSettings, span_basis
 from gradleak.attacks.dager.check import LayerCheck, SpanCheck
-from gradleak.attacks.dager.span import _weighted_solve
+from gradleak.attacks.dager.span import _sparse_fit, _weighted_solve
 from gradleak.attacks.dager.tokens import _passing, kept_cut
 from gradleak.data import Example
 from gradleak.federated.protocol import Protocol
@@ -29,6 +29,38 @@ def test_dropout_masked_inputs_are_inliers_and_random_vectors_are_not():
     true_share = basis.inlier_fraction(inputs)
     assert torch.allclose(true_share, keep.double().mean(dim=1))
     assert basis.inlier_fraction(torch.randn(200, 64)).max() <= 6 / 64 + 1e-9
+
+
+def test_under_known_noise_the_fit_counts_a_masked_inputs_kept_coordinates():
+    """A span read through public noise tilts each direction by about the noise over its
+    singular value: the fit's tolerance follows it, so a masked input still counts its kept
+    coordinates (at float64's round-off it would count no more than a random vector)."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(6, 64, generator=generator, dtype=torch.float64)
+    keep = torch.rand(6, 64, generator=generator) > 0.1
+    gradient = torch.randn(96, 6, generator=generator, dtype=torch.float64) @ (inputs * keep)
+    std = 0.01 * float(gradient.square().mean().sqrt())
+    noised = gradient + std * torch.randn(gradient.shape, generator=generator, dtype=torch.float64)
+    basis = span_basis([noised], hidden_size=64, rank_tol=None, noise=[std])
+    assert basis.whitened and basis.rank == 6
+    assert torch.allclose(basis.inlier_fraction(inputs), keep.double().mean(dim=1))
+    assert (basis.kept_share(inputs) >= keep.double().mean(dim=1) - 1e-9).all()
+    randoms = torch.randn(200, 64, generator=generator, dtype=torch.float64)
+    assert basis.inlier_fraction(randoms).max() < 0.25
+    unit = inputs / inputs.norm(dim=-1, keepdim=True)
+    assert _sparse_fit(unit, basis.basis, 30, 1e-6).max() <= 8 / 64
+
+
+def test_a_noised_train_mode_batch_of_two_is_recovered_exactly():
+    """Dropout and public noise together: the robust check's tolerance follows the noise."""
+    texts = ["the cat sat on the mat", "a dog ran home"]
+    model, tokenizer = gradleak.load_model("tiny-bert")
+    update = gradleak.client_update(
+        model, tokenizer, texts, [1, 0], mode="train", defenses="noise:sigma=0.01,relative=true"
+    )
+    result = gradleak.invert(update, model, tokenizer, "dager", known_lengths=False)
+    assert sorted(result.texts) == ["a dog ran home", "the cat sat on the mat"]
+    assert any("robust" in note for note in result.info["notes"])
 
 
 def test_a_row_whose_weighted_fit_cannot_be_factorized_is_marked_for_its_last_fit():
