@@ -348,7 +348,13 @@ def _span(
         products = product_rounding(block.tensor, protocol, steps)
         noise.append(std if products is None else torch.sqrt(products.square() + std**2))
     known = any(isinstance(n, torch.Tensor) or n > 0 for n in noise)
-    return span_basis(tensors, tensors[0].shape[-1], rank_tol, noise if known else None, at_least)
+    width = tensors[0].shape[-1]
+    # Several local steps read each token through moved weights: its copies a drift apart
+    # trail the batch's directions and, where the batch is large, leave no drop short of the
+    # full space. DAGER's reference then keeps its estimated rank plus 60 rather than
+    # refusing; here the largest drop short of the full span (docs/design/dager-fedavg.md).
+    below = width - 1 if steps > 1 and not defenses else None
+    return span_basis(tensors, width, rank_tol, noise if known else None, at_least, below)
 
 
 def _rounding(update: UpdatePayload, block: Block, protocol: Protocol, steps: int) -> float:

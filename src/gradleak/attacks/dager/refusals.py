@@ -120,13 +120,6 @@ def full_rank_refusal(
                 f"which fills every direction above --rank-tol {rank_tol:g}, or {cause}"
             )
             fix = "leave --rank-tol at its default (the rounding floor), or " + fix
-        steps = int(update.metadata.get("local_steps", 1)) if update is not None else 1
-        if steps > 1 and one.transform is None:
-            cause = (
-                f"over {steps} local steps each token's input moves with the weights, and the "
-                f"moved copies fill the directions its first ones left, or {cause}"
-            )
-            fix = "a smaller --lr, fewer --epochs or larger --local-batch-size, or " + fix
         if defenses:
             names = "+".join(d.name for d in defenses)
             cause = f"the client's defense ({names}) fills every direction, or {cause}"

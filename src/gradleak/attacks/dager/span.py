@@ -247,6 +247,7 @@ def estimate_rank(
     rank_tol: float | None,
     floor: float | None = None,
     at_least: int = 0,
+    below: int | None = None,
 ) -> int:
     """Numerical rank: singular values above ``rank_tol`` times the largest.
 
@@ -256,6 +257,8 @@ def estimate_rank(
     rank is the count above it: a drop need not exist when the signal fades into the noise.
     ``at_least``: the largest drop is looked for among ranks of at least this (a lower bound
     known from elsewhere: a deeper layer's inputs are at least as many as the first's).
+    ``below``: where the largest drop leaves no rank under this (no decade-wide drop, or
+    only the spectrum's end), the largest drop among the ranks under it, however small.
     """
     s = singular_values[singular_values > 0]
     if s.numel() == 0:
@@ -271,7 +274,10 @@ def estimate_rank(
     drops = logs[skip:-1] - logs[skip + 1 :]
     cut = skip + int(torch.argmax(drops))
     # No clear drop (less than a decade): the spectrum is noise-like or full.
-    return cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
+    rank = cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
+    if below is not None and rank >= below and below - 1 > skip:
+        rank = skip + int(torch.argmax(drops[: below - 1 - skip])) + 1
+    return rank
 
 
 def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
@@ -293,6 +299,7 @@ def span_basis(
     rank_tol: float | None = DEFAULT_RANK_TOL,
     noise: list[float | torch.Tensor] | None = None,
     at_least: int = 0,
+    below: int | None = None,
 ) -> SpanBasis:
     """Basis of the joint row span of gradients oriented ``[rows, hidden_size]``.
 
@@ -304,7 +311,8 @@ def span_basis(
     block weighs in by its signal-to-noise ratio, and the rank counts the singular values
     clearly above what white noise alone reaches, about ``sqrt(rows) + sqrt(hidden_size)``.
     Noise that differs by entry is whitened by its rows and its columns (``_whitened``).
-    ``at_least`` bounds the rank the largest drop may pick from below (``estimate_rank``).
+    ``at_least`` bounds the rank the largest drop may pick from below, ``below`` from above
+    (``estimate_rank``).
     """
     blocks = [g.to(torch.float64).reshape(-1, hidden_size) for g in gradients]
     floor, columns = None, None
@@ -316,7 +324,7 @@ def span_basis(
         margin = NOISE_MARGIN if columns is None else EXACT_NOISE_MARGIN
         floor = margin * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
     _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
-    rank = estimate_rank(s, rank_tol, None, at_least)
+    rank = estimate_rank(s, rank_tol, None, at_least, below)
     if floor is not None and rank_tol is None:
         if 0 < rank < s.numel() and s[rank - 1] > floor:
             floor = None  # a clear drop above the noise: the span is exact, as for a gradient

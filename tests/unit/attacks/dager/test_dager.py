@@ -215,19 +215,18 @@ def test_full_rank_batch_is_refused_with_its_reason(tiny_victim):
     assert str(failed.value) == refusal.reason
 
 
-def test_a_span_the_local_steps_filled_is_refused_naming_the_steps(tiny_victim):
-    """Ten epochs of one-sentence steps at lr 1e-2 (float64 client): the moved copies of the
-    batch's 13 token inputs fill layer 2's 64 directions. The refusal names the local steps
-    and what brings the drift down, not only the batch's size."""
+def test_a_span_the_local_steps_filled_is_cut_at_its_largest_drop_short_of_full(tiny_victim):
+    """Ten epochs of one-sentence steps at lr 1e-2 (20 local steps, float64 client): each
+    step reads the tokens through moved weights, and their copies a drift apart fill layer
+    2's 64 directions with no decade-wide drop (the span was refused as full). The largest
+    drop short of the full span keeps the batch's directions: both sentences come back."""
     protocol = Protocol(
         mode="eval", algorithm="fedavg", epochs=10, local_batch_size=1, lr=1e-2,
         precision="float64",
     )  # fmt: skip
-    update, knowledge = client_round(tiny_victim("tiny-gpt2"), protocol)
-    refusal = DagerAttack().check(update, knowledge)
-    assert isinstance(refusal, Refusal) and "full rank 64" in refusal.reason
-    assert "over 20 local steps each token's input moves" in refusal.reason
-    assert "a smaller --lr, fewer --epochs" in refusal.reason
+    decoded, result = dager_attack(tiny_victim("tiny-bert"), protocol)
+    assert decoded == ["a dog ran home", "the cat sat on the mat"]
+    assert result.info["rank_layer2"] < 63
 
 
 def test_a_fixed_cut_under_a_float32_deltas_rounding_is_refused_naming_the_rounding(tiny_victim):
