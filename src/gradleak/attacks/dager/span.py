@@ -324,12 +324,15 @@ def span_basis(
         margin = NOISE_MARGIN if columns is None else EXACT_NOISE_MARGIN
         floor = margin * (math.sqrt(stacked.shape[0]) + math.sqrt(hidden_size))
     _, s, vh = torch.linalg.svd(stacked, full_matrices=False)
-    rank = estimate_rank(s, rank_tol, None, at_least, below)
+    rank = estimate_rank(s, rank_tol, None, at_least)
     if floor is not None and rank_tol is None:
         if 0 < rank < s.numel() and s[rank - 1] > floor:
             floor = None  # a clear drop above the noise: the span is exact, as for a gradient
         else:
             rank = estimate_rank(s, None, floor)
+    if below is not None and rank_tol is None and rank >= below:
+        # Neither a drop nor the floor left a span short of full: the largest drop under it.
+        rank, floor = estimate_rank(s, None, None, at_least, below), None
     basis = vh[:rank].T.contiguous()
     return SpanBasis(
         basis, s, hidden_size, noise_floor=floor, whitened=noise is not None, column_scale=columns
