@@ -49,7 +49,7 @@ from gradleak.attacks.dager.decoder import DecoderSearch, end_tokens, ended, sta
 from gradleak.attacks.dager.drift import end_model, layer1_drift, layer2_drift, several_steps
 from gradleak.attacks.dager.embedding import moved_tokens, noise_moved_rows
 from gradleak.attacks.dager.encoder import EncoderSearch
-from gradleak.attacks.dager.lengths import rest_alive
+from gradleak.attacks.dager.lengths import rest_alive, token_count, tokens_at_least
 from gradleak.attacks.dager.peel import peel, peelable, rest_tokens, without
 from gradleak.attacks.dager.positions import placed_tokens
 from gradleak.attacks.dager.refusals import (
@@ -198,9 +198,9 @@ class DagerAttack(Attack[DagerSettings]):
                 del end
             # Taking a sentence off is checked by the drop of layer 2's rank: it must count
             # the batch's tokens (not so in LoRA's adapter space, or under a defense).
-            exact_count = _token_count(plan.layer2, knowledge, state) is not None
-            if not exact_count:
-                state.tokens_at_least = _tokens_at_least(plan.layer2, knowledge)
+            tokens = token_count(plan.layer2, knowledge)
+            if tokens is None:
+                state.tokens_at_least = tokens_at_least(plan.layer2, knowledge)
                 if state.tokens_at_least is not None:
                     state.notes.append(
                         f"layer 2's rank {state.tokens_at_least} bounds the token count from "
@@ -222,8 +222,8 @@ class DagerAttack(Attack[DagerSettings]):
                 else:
                     grow = partial(branch_search, update, knowledge, layer2, self.settings)
                     sentences = confirmed_batch(rows, found, update, knowledge, state, grow)
-            elif self.settings.peel and peelable(update, knowledge) and exact_count:
-                sentences = self._peeling(update, knowledge, plan, hf, candidates, state)
+            elif self.settings.peel and peelable(update, knowledge) and tokens is not None:
+                sentences = self._peeling(update, knowledge, plan, hf, candidates, state, tokens)
             else:
                 search = EncoderSearch(hf, gm.adapter, layer2, self.settings, state)
                 sentences = search.run(
@@ -231,7 +231,7 @@ class DagerAttack(Attack[DagerSettings]):
                     knowledge.tokenizer,
                     knowledge.batch_size,
                     knowledge.lengths,
-                    _token_count(plan.layer2, knowledge, state),
+                    tokens,
                 )
         if gm.task == "causal_lm" and not knowledge.raw_tokens:  # a chunk ends where it is cut
             # The EOS that ends every next-token example predicts nothing, so its position
@@ -328,6 +328,7 @@ class DagerAttack(Attack[DagerSettings]):
         hf: torch.nn.Module,
         candidates: list[list[int]],
         state: SearchState,
+        tokens: int,
     ) -> list[tuple[list[int], float | None]]:
         """The encoder search on a plain FedSGD gradient: each sentence it finds is taken
         off the update (``peel.py``) and the search starts again on the spans of the rest,
@@ -345,7 +346,6 @@ class DagerAttack(Attack[DagerSettings]):
             search = EncoderSearch(
                 hf, knowledge.global_model.adapter, plan.layer2, self.settings, state
             )
-            tokens = _token_count(plan.layer2, knowledge, state)
             more = knowledge.batch_size > 1
             batch = (knowledge.batch_size, knowledge.lengths, tokens, more)
             found = search.run(candidates, tokenizer, *batch)
@@ -430,33 +430,3 @@ def _inputs_at_least(layers: list[LayerCheck]) -> int:
     if first.noisy or any(c.transform is not None for c in first.checks):
         return 0
     return first.rank
-
-
-def _tokens_at_least(layer2: LayerCheck, knowledge: ServerKnowledge) -> int | None:
-    """A lower bound on the batch's token count where no exact count is read: one gradient
-    whose layer-2 span was read through known noise (a public noise defense; whitened), in
-    the layer's own space. Its rank counts the token inputs that stand above the noise, each
-    one a direction (``lengths.py``), so it can fall short of the count but not pass it."""
-    bound = (
-        knowledge.global_model.protocol.algorithm == "fedsgd"
-        and all(c.span.whitened for c in layer2.checks)
-        and all(c.transform is None and c.whole_rows is None for c in layer2.checks)
-        and not any(c.span.full for c in layer2.checks)
-    )
-    return layer2.rank if bound else None
-
-
-def _token_count(layer2: LayerCheck, knowledge: ServerKnowledge, state: SearchState) -> int | None:
-    """The batch's token count, read from layer 2's rank where the rank is exactly that: one
-    clean gradient (FedSGD, no defense: several local steps read other inputs, and noise or
-    pruning blur the count), in the layer's own space (not LoRA's) and below the hidden size
-    (see ``lengths.py``). A train-mode client's dropout moves each layer-2 input but keeps one
-    per token: the rank still counts them (docs/design/dager-encoder.md)."""
-    exact = (
-        knowledge.global_model.protocol.algorithm == "fedsgd"
-        and not knowledge.defenses
-        and not layer2.noisy
-        and all(c.transform is None and c.whole_rows is None for c in layer2.checks)
-        and not any(c.span.full for c in layer2.checks)
-    )
-    return layer2.rank if exact else None

@@ -15,6 +15,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations_with_replacement
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradleak.attacks.dager.check import LayerCheck
+    from gradleak.federated.server import ServerKnowledge
+
+
+def token_count(layer2: LayerCheck, knowledge: ServerKnowledge) -> int | None:
+    """The batch's token count, read from layer 2's rank where the rank is exactly that: a
+    rank that counts inputs (``_counts_inputs``) of a clean gradient (no defense, no noise
+    floor: noise or pruning blur the count). A train-mode client's dropout moves each layer-2
+    input but keeps one per token: the rank still counts them (docs/design/dager-encoder.md)."""
+    exact = _counts_inputs(layer2, knowledge) and not knowledge.defenses and not layer2.noisy
+    return layer2.rank if exact else None
+
+
+def tokens_at_least(layer2: LayerCheck, knowledge: ServerKnowledge) -> int | None:
+    """A lower bound on the batch's token count where no exact count is read: a rank that
+    counts inputs (``_counts_inputs``) of a span read through known noise (whitened). It
+    counts the token inputs that stand above the noise, so it can fall short of the count
+    but not pass it."""
+    bound = _counts_inputs(layer2, knowledge) and all(c.span.whitened for c in layer2.checks)
+    return layer2.rank if bound else None
+
+
+def _counts_inputs(layer2: LayerCheck, knowledge: ServerKnowledge) -> bool:
+    """Whether layer 2's rank counts the inputs of one batch: one gradient (FedSGD: several
+    local steps read other inputs), in the layer's own space (not LoRA's, not the rows pruning
+    kept) and below the hidden size."""
+    return (
+        knowledge.global_model.protocol.algorithm == "fedsgd"
+        and all(c.transform is None and c.whole_rows is None for c in layer2.checks)
+        and not any(c.span.full for c in layer2.checks)
+    )
 
 
 @dataclass(frozen=True)

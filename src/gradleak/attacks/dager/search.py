@@ -25,7 +25,7 @@ class SearchState:
     # the embedding rows place there, ``positions.py``); None where the rows do not say.
     least_alive: list[int] | None = None
     # Under public noise layer 2's rank counts the token inputs that stand above the noise: at
-    # most the batch's token count, where no exact count is read (``attack._token_count``).
+    # most the batch's token count, where no exact count is read (``lengths.token_count``).
     tokens_at_least: int | None = None
 
 

@@ -247,7 +247,6 @@ def estimate_rank(
     rank_tol: float | None,
     floor: float | None = None,
     at_least: int = 0,
-    below: int | None = None,
 ) -> int:
     """Numerical rank: singular values above ``rank_tol`` times the largest.
 
@@ -257,8 +256,6 @@ def estimate_rank(
     rank is the count above it: a drop need not exist when the signal fades into the noise.
     ``at_least``: the largest drop is looked for among ranks of at least this (a lower bound
     known from elsewhere: a deeper layer's inputs are at least as many as the first's).
-    ``below``: where the largest drop leaves no rank under this (no decade-wide drop, or
-    only the spectrum's end), the largest drop among the ranks under it, however small.
     """
     s = singular_values[singular_values > 0]
     if s.numel() == 0:
@@ -274,10 +271,19 @@ def estimate_rank(
     drops = logs[skip:-1] - logs[skip + 1 :]
     cut = skip + int(torch.argmax(drops))
     # No clear drop (less than a decade): the spectrum is noise-like or full.
-    rank = cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
-    if below is not None and rank >= below and below - 1 > skip:
-        rank = skip + int(torch.argmax(drops[: below - 1 - skip])) + 1
-    return rank
+    return cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
+
+
+def drop_short_of(singular_values: torch.Tensor, below: int, at_least: int = 0) -> int | None:
+    """The rank at the largest drop (log scale) among the ranks from ``at_least`` to
+    ``below - 1``, however small; None where no such rank exists. For a spectrum that
+    ``estimate_rank`` calls full when a span short of ``below`` is wanted."""
+    logs = torch.log10(singular_values[singular_values > 0][:below])
+    skip = max(at_least - 1, 0)
+    if logs.numel() - 1 <= skip:
+        return None
+    drops = logs[skip:-1] - logs[skip + 1 :]
+    return skip + int(torch.argmax(drops)) + 1
 
 
 def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
@@ -332,7 +338,9 @@ def span_basis(
             rank = estimate_rank(s, None, floor)
     if below is not None and rank_tol is None and rank >= below:
         # Neither a drop nor the floor left a span short of full: the largest drop under it.
-        rank, floor = estimate_rank(s, None, None, at_least, below), None
+        short = drop_short_of(s, below, at_least)
+        if short is not None:
+            rank, floor = short, None
     basis = vh[:rank].T.contiguous()
     return SpanBasis(
         basis, s, hidden_size, noise_floor=floor, whitened=noise is not None, column_scale=columns

@@ -699,7 +699,7 @@ def test_encoder_counts_the_batchs_tokens_to_find_a_second_sentence_of_one_lengt
     # no length past the longest sentence's, and the last start found the second 9-token
     # sentence: none is tried once the batch is complete
     assert max(starts) <= 15 and starts[-1] == 9
-    monkeypatch.setattr("gradleak.attacks.dager.attack._token_count", lambda *args: None)
+    monkeypatch.setattr("gradleak.attacks.dager.attack.token_count", lambda *args: None)
     decoded, _ = dager_attack(victim, Protocol(mode="eval"), examples, paper)
     assert decoded != sorted(e.text for e in examples)
 
