@@ -34,6 +34,9 @@ Suites:
   past_width     past the hidden size: what layer 1's down_proj update still decides about
                  a batch's inputs (SmolLM2, CoLA's first batch of 64, 626 prefixes), float64
                  and float32 clients.
+  last_block     past the hidden size: the last block's down_proj update as one computable term
+                 per (prefix, next token), SmolLM2, Rotten Tomatoes' first batch of 32: how
+                 the terms fit it, and next-token tests with part of the batch known.
   fedavg_direction how far a FedAvg delta of E = 1, 2, 4 local epochs turns from the FedSGD
                  gradient at one example a client (Wang & Li Table IV), MiniLM CoLA, SGD at
                  lr 5e-5, 1e-3, 1e-2 (--batches examples).
@@ -77,6 +80,7 @@ import dager_rounding  # noqa: E402
 import dp_step  # noqa: E402
 import fedavg_direction  # noqa: E402
 import flower_audit  # noqa: E402
+import last_block  # noqa: E402
 import lora_encoder_bag  # noqa: E402
 import lti_speed  # noqa: E402
 import past_width  # noqa: E402
@@ -95,6 +99,7 @@ SUITES = {
     **dager_rounding.SUITES,
     **batch_tokens.SUITES,
     **past_width.SUITES,
+    **last_block.SUITES,
     **fedavg_direction.SUITES,
     **lora_encoder_bag.SUITES,
     **stack_step.SUITES,
