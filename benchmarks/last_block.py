@@ -1,5 +1,5 @@
 """What the last block's down-projection update decides past the hidden size (issue 57):
-SmolLM2, the first client batch of 32 Rotten Tomatoes reviews (about 720 tokens against the
+SmolLM2, the first client batch of 32 Rotten Tomatoes reviews (961 tokens against the
 width 576, a batch DAGER refuses), a float32 FedSGD client of the next-token loss.
 
 In the last block nothing mixes positions after the MLP, so the update of its ``down_proj``
