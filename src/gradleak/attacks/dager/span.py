@@ -268,10 +268,9 @@ def estimate_rank(
     if logs.numel() < 2:
         return int(s.numel())
     skip = min(max(at_least - 1, 0), logs.numel() - 2)
-    drops = logs[skip:-1] - logs[skip + 1 :]
-    cut = skip + int(torch.argmax(drops))
+    rank, drop = _largest_drop(logs, skip)
     # No clear drop (less than a decade): the spectrum is noise-like or full.
-    return cut + 1 if drops[cut - skip] > 1.0 else int(s.numel())
+    return rank if drop > 1.0 else int(s.numel())
 
 
 def drop_short_of(singular_values: torch.Tensor, below: int, at_least: int = 0) -> int | None:
@@ -282,8 +281,15 @@ def drop_short_of(singular_values: torch.Tensor, below: int, at_least: int = 0) 
     skip = max(at_least - 1, 0)
     if logs.numel() - 1 <= skip:
         return None
+    return _largest_drop(logs, skip)[0]
+
+
+def _largest_drop(logs: torch.Tensor, skip: int) -> tuple[int, float]:
+    """The rank just above the largest drop between neighbouring log singular values
+    ``logs`` past the first ``skip`` ranks, and that drop (decades)."""
     drops = logs[skip:-1] - logs[skip + 1 :]
-    return skip + int(torch.argmax(drops)) + 1
+    at = int(torch.argmax(drops))
+    return skip + at + 1, float(drops[at])
 
 
 def rounding_noise(weight: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> float:
