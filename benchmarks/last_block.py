@@ -24,27 +24,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from report import write_results
+from report import examples_or_skip, write_results
 
 from gradleak.config.options import config_from_options
-from gradleak.data import Example, load_examples
-from gradleak.errors import GradleakError
-from gradleak.models.loading import load_victim, model_status
-from gradleak.models.tasks import encode_examples
+from gradleak.data import Example
+from gradleak.models.loading import Victim, load_victim, model_status
+from gradleak.models.tasks import encode_examples, task_loss
 from gradleak.scenario.examples import client_batches
 
 BATCH_SIZE, PUBLIC_SENTENCES, SAMPLED_POSITIONS = 32, 300, 40
 KNOWN_SHARES = (0.0, 0.5, 0.9, 1.0)  # 1.0: every other true term
 WHITENING_RIDGE = 1e-3  # times the mean eigenvalue, added before inverting the second moment
-
-
-def _examples(suite: str, name: str, data_dir: str | None) -> list[Example] | None:
-    try:
-        return load_examples(name, data_dir, None, None)
-    except GradleakError as exc:
-        print(f"{suite}: skipped, it needs the {name} data: {exc}")
-        return None
 
 
 class LastBlock:
@@ -89,8 +79,8 @@ class LastBlock:
 def last_block(out_dir: Path, batches: int, data_dir: str | None) -> None:
     """One row per activation form and known share (``batches`` unused: one batch)."""
     started = time.perf_counter()
-    reviews = _examples("last_block", "rotten_tomatoes", data_dir)
-    public = _examples("last_block", "sst2", data_dir)
+    reviews = examples_or_skip("last_block", "rotten_tomatoes", data_dir)
+    public = examples_or_skip("last_block", "sst2", data_dir)
     if reviews is None or public is None or model_status("smollm2").startswith("missing"):
         print("last_block: skipped (Rotten Tomatoes, SST-2 or SmolLM2 missing)")
         return
@@ -102,7 +92,7 @@ def last_block(out_dir: Path, batches: int, data_dir: str | None) -> None:
     batch = client_batches(reviews, config_from_options(options), 1)[0][0]
     encoded = encode_examples(tokenizer, batch, "causal_lm", 8192)
     ids, mask = encoded.input_ids, encoded.attention_mask
-    update, predicted = _client_update(model, ids, mask)
+    update, predicted = _client_update(victim, ids, mask)
     whitening = _whitening(LastBlock(model), tokenizer, public)  # float32 statistics
     block = LastBlock(model.double())
     activations, hidden = block.states(ids, mask)
@@ -115,6 +105,10 @@ def last_block(out_dir: Path, batches: int, data_dir: str | None) -> None:
     errors = block.errors(hid, next_tokens[:, None])[:, 0] / predicted
     summed = errors.T @ acts
     bag = torch.tensor(sorted(set(ids[mask.bool()].tolist())))
+    # the positions tested, each with its error term for every batch token (the candidates)
+    positions = list(range(0, len(errors), max(1, len(errors) // SAMPLED_POSITIONS)))
+    candidates = block.errors(hid[positions], bag.expand(len(positions), -1))
+    truth = [int((bag == next_tokens[i]).nonzero()) for i in positions]
     table = []
     for form, transform in (("as they are", None), ("whitened", whitening)):
         a = acts if transform is None else acts @ transform
@@ -123,8 +117,8 @@ def last_block(out_dir: Path, batches: int, data_dir: str | None) -> None:
         fitted = torch.einsum("nd,de,ne->n", errors, target, a)
         coefficients = torch.linalg.lstsq(gram, fitted[:, None], driver="gelsd").solution[:, 0]
         for share in KNOWN_SHARES:
-            top1, ranks = _next_token_test(block, errors, a, hid, target, gram, fitted, bag,
-                                           next_tokens, share)  # fmt: skip
+            tested = (positions, candidates, truth)
+            top1, ranks = _next_token_test(errors, a, target, gram, fitted, tested, share)
             table.append({
                 "activations": form,
                 "known share of the other terms": share,
@@ -148,16 +142,14 @@ def last_block(out_dir: Path, batches: int, data_dir: str | None) -> None:
 
 
 def _client_update(
-    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+    victim: Victim, ids: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, int]:
-    """The float32 FedSGD update of the last down_proj under the mean next-token loss, and
-    the number of predicted tokens it averages over."""
-    down = model.model.layers[-1].mlp.down_proj
-    targets = ids.masked_fill(mask == 0, -100)[:, 1:]
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """The float32 FedSGD update of the last down_proj under the client's mean next-token
+    loss, and the number of predicted tokens it averages over."""
+    down = victim.model.model.layers[-1].mlp.down_proj
+    loss = task_loss(victim.model, victim.adapter, "causal_lm", mask, {}, input_ids=ids)
     (gradient,) = torch.autograd.grad(loss, [down.weight])
-    return gradient.double(), int((targets != -100).sum())
+    return gradient.double(), int(mask[:, 1:].sum())
 
 
 def _whitening(block: LastBlock, tokenizer, public: list[Example]) -> torch.Tensor:
@@ -178,24 +170,21 @@ def _whitening(block: LastBlock, tokenizer, public: list[Example]) -> torch.Tens
 
 
 def _next_token_test(
-    block: LastBlock,
     errors: torch.Tensor,
     acts: torch.Tensor,
-    hidden: torch.Tensor,
     target: torch.Tensor,
     gram: torch.Tensor,
     fitted: torch.Tensor,
-    bag: torch.Tensor,
-    next_tokens: torch.Tensor,
+    tested: tuple[list[int], torch.Tensor, list[int]],
     share: float,
 ) -> tuple[int, list[int]]:
-    """For sampled true positions: the rank of the true next token among ``bag`` by the fit
-    of the residual left by a least-squares fit on ``share`` of the other true terms."""
+    """For the tested true positions (``tested``: the positions, their candidates' error
+    terms, the true candidate's index): the rank of the true next token by the fit of the
+    residual left by a least-squares fit on ``share`` of the other true terms."""
     generator = torch.Generator().manual_seed(0)
     count = errors.shape[0]
-    positions = range(0, count, max(1, count // SAMPLED_POSITIONS))
     top1, ranks = 0, []
-    for i in positions:
+    for i, options, true in zip(*tested, strict=True):
         others = torch.tensor([j for j in range(count) if j != i])
         keep = others[torch.rand(len(others), generator=generator) < share] if share < 1 else others
         direction = target @ acts[i]
@@ -203,9 +192,8 @@ def _next_token_test(
             solved = torch.linalg.lstsq(gram[keep][:, keep], fitted[keep][:, None], driver="gelsd")
             weights = solved.solution[:, 0] * (acts[keep] @ acts[i])
             direction = direction - errors[keep].T @ weights
-        candidates = block.errors(hidden[i : i + 1], bag[None])[0]  # [k, d]
-        scores = (candidates @ direction) / candidates.norm(dim=1)
-        rank = int((scores > scores[int((bag == next_tokens[i]).nonzero())]).sum())
+        scores = (options @ direction) / options.norm(dim=1)
+        rank = int((scores > scores[true]).sum())
         top1 += int(rank == 0)
         ranks.append(rank)
     return top1, ranks

@@ -67,8 +67,13 @@ def _cell(value: Any) -> str:
 
 def cola_or_skip(suite: str, data_dir: str | None) -> list[Example] | None:
     """CoLA's training examples, or None after saying why the suite is skipped."""
+    return examples_or_skip(suite, "cola", data_dir)
+
+
+def examples_or_skip(suite: str, dataset: str, data_dir: str | None) -> list[Example] | None:
+    """A dataset's default split, or None after saying why the suite is skipped."""
     try:
-        return load_examples("cola", data_dir, None, None)
+        return load_examples(dataset, data_dir, None, None)
     except GradleakError as exc:
-        print(f"{suite}: skipped, it needs the CoLA data: {exc}")
+        print(f"{suite}: skipped, it needs the {dataset} data: {exc}")
         return None
